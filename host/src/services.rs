@@ -1,0 +1,74 @@
+//! The seam between the lifecycle and whatever it runs while a slot is held (SPEC §5, §6).
+//!
+//! The lifecycle ([`crate::vvm`]) only knows [`Services`]; the Wasm runtime implements it, and
+//! tests implement it with doubles that record what happened.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+
+use crate::elections::LeaseDeadline;
+use crate::store::{Store, Term};
+use crate::vvm::ProblemReporter;
+
+/// The lease a set of services runs under, as guests see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseInfo {
+    /// The slot held, 1..=cluster size.
+    pub slot: u32,
+    /// The store key of that slot's lease record.
+    pub key: String,
+    /// This host's holder value (unique per process run).
+    pub holder: String,
+    /// The fencing term issued when the slot was acquired.
+    pub term: Term,
+    /// The lease duration `L` written with every acquire and renew.
+    pub lease: Duration,
+}
+
+/// Everything the services of one leadership get from the lifecycle.
+#[derive(Clone)]
+pub struct ServiceContext {
+    /// The lease held.
+    pub lease: LeaseInfo,
+    /// The local lease deadline: past it, no guest effect may happen (SPEC §4, §6).
+    pub deadline: LeaseDeadline,
+    /// Cancelled when the services must stop (shutdown or leadership loss).
+    pub stopping: CancellationToken,
+    /// Reports a problem to the lifecycle (first one wins).
+    pub problems: ProblemReporter,
+    /// The store, for the guests' fenced key-value space.
+    pub store: Arc<dyn Store>,
+}
+
+/// Why services could not be started.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServiceError {
+    /// A service failed to start; the message names it and the reason.
+    #[error("service {name}: {reason}")]
+    Start {
+        /// The service's name (its file stem for Wasm services).
+        name: String,
+        /// Why it failed.
+        reason: String,
+    },
+}
+
+/// A set of services the lifecycle starts once a slot is held.
+#[async_trait]
+pub trait Services: Send + Sync + 'static {
+    /// Starts every service under `ctx.lease`; returns once all have started. Must return
+    /// promptly (with what did start) once `ctx.stopping` is cancelled.
+    async fn start(&self, ctx: ServiceContext) -> Result<Box<dyn RunningServices>, ServiceError>;
+}
+
+/// Services started for one leadership.
+#[async_trait]
+pub trait RunningServices: Send {
+    /// Tells every service to stop, waits out the grace period, then drops every instance
+    /// still there. Returns when no guest code can run any more.
+    async fn stop(self: Box<Self>);
+}

@@ -1,0 +1,152 @@
+//! Store-side clocks: when records expire is decided here, never by the caller's wall clock.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+/// A reading of a store clock: which boot of the machine, and how long since that boot began.
+///
+/// Two readings from different boots are not comparable: a record written before a reboot
+/// reads as expired after it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Timestamp {
+    /// Identifies one boot of the machine (the kernel's random boot id).
+    pub boot: u128,
+    /// Time since that boot, counting suspend (`CLOCK_BOOTTIME`), never stepped.
+    pub since_boot: Duration,
+}
+
+impl Timestamp {
+    /// This reading moved `d` later.
+    pub fn after(self, d: Duration) -> Self {
+        Self {
+            boot: self.boot,
+            since_boot: self.since_boot.saturating_add(d),
+        }
+    }
+
+    /// Time left from `now` until `self`, or `None` if `self` has been reached (expiry is
+    /// inclusive: a record is expired when now >= expiry) or belongs to another boot.
+    pub fn left_from(self, now: Timestamp) -> Option<Duration> {
+        if self.boot != now.boot || now.since_boot >= self.since_boot {
+            None
+        } else {
+            Some(self.since_boot - now.since_boot)
+        }
+    }
+}
+
+/// A source of [`Timestamp`]s. Shared by the stores of one process.
+pub trait Clock: Send + Sync + 'static {
+    /// The current reading.
+    fn now(&self) -> Timestamp;
+}
+
+/// The machine's clock: the kernel boot id plus `CLOCK_BOOTTIME`, so expiry does not move when
+/// the wall clock is stepped and records from before a reboot read as expired.
+#[derive(Clone, Debug)]
+pub struct SystemClock {
+    boot: u128,
+}
+
+impl SystemClock {
+    /// Reads the kernel's boot id once.
+    ///
+    /// # Errors
+    /// When `/proc/sys/kernel/random/boot_id` cannot be read or parsed.
+    pub fn new() -> std::io::Result<Self> {
+        let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")?;
+        let hex: String = text.trim().chars().filter(|c| *c != '-').collect();
+        let boot = u128::from_str_radix(&hex, 16).map_err(|e| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("kernel boot id {text:?}: {e}"),
+            )
+        })?;
+        Ok(Self { boot })
+    }
+}
+
+impl Clock for SystemClock {
+    fn now(&self) -> Timestamp {
+        let ts = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+        Timestamp {
+            boot: self.boot,
+            // Boot time is never negative.
+            since_boot: Duration::new(
+                u64::try_from(ts.tv_sec).unwrap_or(0),
+                u32::try_from(ts.tv_nsec).unwrap_or(0),
+            ),
+        }
+    }
+}
+
+/// A clock that moves only when told to, for deterministic tests.
+#[derive(Clone, Debug)]
+pub struct ManualClock {
+    now: Arc<Mutex<Timestamp>>,
+}
+
+impl Default for ManualClock {
+    fn default() -> Self {
+        Self {
+            now: Arc::new(Mutex::new(Timestamp {
+                boot: 1,
+                since_boot: Duration::from_secs(1000),
+            })),
+        }
+    }
+}
+
+impl ManualClock {
+    /// Moves the clock `d` later.
+    pub fn advance(&self, d: Duration) {
+        let mut now = self.now.lock().unwrap_or_else(PoisonError::into_inner);
+        *now = now.after(d);
+    }
+
+    /// Simulates a reboot: a new boot id, time since boot starting again.
+    pub fn reboot(&self) {
+        let mut now = self.now.lock().unwrap_or_else(PoisonError::into_inner);
+        *now = Timestamp {
+            boot: now.boot + 1,
+            since_boot: Duration::from_secs(1),
+        };
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Timestamp {
+        *self.now.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Follows tokio's clock, so `tokio::time::pause` and `advance` drive store expiry and the
+/// elections' timers together in tests.
+#[derive(Clone, Debug)]
+pub struct TokioClock {
+    base: tokio::time::Instant,
+}
+
+impl TokioClock {
+    /// A clock whose zero is now. Must be created inside a tokio runtime if time is paused.
+    pub fn new() -> Self {
+        Self {
+            base: tokio::time::Instant::now(),
+        }
+    }
+}
+
+impl Default for TokioClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for TokioClock {
+    fn now(&self) -> Timestamp {
+        Timestamp {
+            boot: 1,
+            since_boot: Duration::from_secs(1000) + self.base.elapsed(),
+        }
+    }
+}

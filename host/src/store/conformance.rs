@@ -1,0 +1,230 @@
+//! The store contract's conformance suite, written once and run against every backend.
+//!
+//! A backend's test module implements [`Backend`] and expands [`suite!`], which turns every
+//! case below into a `#[tokio::test]`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Fence, ManualClock, Store};
+
+/// How the suite opens a backend and moves its clock.
+pub(crate) trait Backend: Send {
+    /// The store under test.
+    type Store: Store + 'static;
+    /// True if a reopened store sees what the previous one wrote.
+    const PERSISTENT: bool;
+    /// Opens the store; for a persistent backend, on the data of earlier opens.
+    async fn open(&mut self, clock: &ManualClock) -> Self::Store;
+    /// Moves the store's clock `d` later.
+    async fn advance(&mut self, clock: &ManualClock, d: Duration) {
+        clock.advance(d);
+    }
+}
+
+const TTL: Duration = Duration::from_secs(10);
+const NANO: Duration = Duration::from_nanos(1);
+
+/// Expands to one `#[tokio::test]` per conformance case for the given [`Backend`] value.
+macro_rules! suite {
+    ($backend:expr) => {
+        $crate::store::conformance::suite!(@cases $backend;
+            insert_then_get, insert_on_existing_key_fails_even_with_same_value,
+            cas_succeeds_on_own_value, cas_fails_on_wrong_value, cas_fails_on_absent_key,
+            cas_resets_expiry, delete_own_value, delete_foreign_value_fails,
+            expiry_is_inclusive, expired_record_is_absent_for_every_operation,
+            terms_increase_across_delete_expire_and_reopen, get_reports_time_left,
+            records_from_before_a_reboot_are_expired, kv_writes_are_fenced_by_term,
+            wait_released_wakes_on_delete);
+    };
+    (@cases $backend:expr; $($case:ident),*) => {
+        $(
+            #[tokio::test]
+            async fn $case() {
+                let mut backend = $backend;
+                $crate::store::conformance::$case(&mut backend).await;
+            }
+        )*
+    };
+}
+pub(crate) use suite;
+
+pub(crate) async fn insert_then_get(b: &mut impl Backend) {
+    let clock = ManualClock::default();
+    let s = b.open(&clock).await;
+    let term = s.insert_if_absent("k", "a", TTL).await.unwrap().unwrap();
+    let rec = s.get("k").await.unwrap().unwrap();
+    assert_eq!((rec.value.as_str(), rec.term), ("a", term));
+    assert!(s.get("other").await.unwrap().is_none());
+}
+
+pub(crate) async fn insert_on_existing_key_fails_even_with_same_value(b: &mut impl Backend) {
+    let clock = ManualClock::default();
+    let s = b.open(&clock).await;
+    assert!(s.insert_if_absent("k", "a", TTL).await.unwrap().is_some());
+    assert_eq!(s.insert_if_absent("k", "a", TTL).await.unwrap(), None);
+    assert_eq!(s.insert_if_absent("k", "b", TTL).await.unwrap(), None);
+    assert_eq!(s.get("k").await.unwrap().unwrap().value, "a");
+}
+
+pub(crate) async fn cas_succeeds_on_own_value(b: &mut impl Backend) {
+    let clock = ManualClock::default();
+    let s = b.open(&clock).await;
+    let term = s.insert_if_absent("k", "a", TTL).await.unwrap().unwrap();
+    assert!(s.compare_and_swap("k", "a", "b", TTL).await.unwrap());
+    let rec = s.get("k").await.unwrap().unwrap();
+    assert_eq!((rec.value.as_str(), rec.term), ("b", term), "a swap keeps the term");
+}
+
+pub(crate) async fn cas_fails_on_wrong_value(b: &mut impl Backend) {
+    let clock = ManualClock::default();
+    let s = b.open(&clock).await;
+    s.insert_if_absent("k", "a", TTL).await.unwrap().unwrap();
+    assert!(!s.compare_and_swap("k", "x", "b", TTL).await.unwrap());
+    assert_eq!(s.get("k").await.unwrap().unwrap().value, "a");
+}
+
+pub(crate) async fn cas_fails_on_absent_key(b: &mut impl Backend) {
+    let clock = ManualClock::default();
+    let s = b.open(&clock).await;
+    assert!(!s.compare_and_swap("k", "a", "b", TTL).await.unwrap());
+    assert!(s.get("k").await.unwrap().is_none(), "a failed swap creates nothing");
+}
+
+pub(crate) async fn cas_resets_expiry(b: &mut impl Backend) {
+    let clock = ManualClock::default();
+    let s = b.open(&clock).await;
+    s.insert_if_absent("k", "a", TTL).await.unwrap().unwrap();
+    b.advance(&clock, TTL - Duration::from_secs(2)).await;
+    assert!(s.compare_and_swap("k", "a", "a", TTL).await.unwrap());
+    b.advance(&clock, TTL - Duration::from_secs(1)).await;
+    assert!(s.get("k").await.unwrap().is_some(), "the swap moved the expiry");
+    b.advance(&clock, Duration::from_secs(1)).await;
+    assert!(s.get("k").await.unwrap().is_none());
+}
+
+pub(crate) async fn delete_own_value(b: &mut impl Backend) {
+    let clock = ManualClock::default();
+    let s = b.open(&clock).await;
+    s.insert_if_absent("k", "a", TTL).await.unwrap().unwrap();
+    assert!(s.compare_and_delete("k", "a").await.unwrap());
+    assert!(s.get("k").await.unwrap().is_none());
+    assert!(!s.compare_and_delete("k", "a").await.unwrap(), "already gone");
+}
+
+pub(crate) async fn delete_foreign_value_fails(b: &mut impl Backend) {
+    let clock = ManualClock::default();
+    let s = b.open(&clock).await;
+    s.insert_if_absent("k", "a", TTL).await.unwrap().unwrap();
+    assert!(!s.compare_and_delete("k", "b").await.unwrap());
+    assert_eq!(s.get("k").await.unwrap().unwrap().value, "a");
+}
+
+pub(crate) async fn expiry_is_inclusive(b: &mut impl Backend) {
+    let clock = ManualClock::default();
+    let s = b.open(&clock).await;
+    s.insert_if_absent("k", "a", TTL).await.unwrap().unwrap();
+    b.advance(&clock, TTL - NANO).await;
+    assert_eq!(s.get("k").await.unwrap().unwrap().time_left, NANO);
+    b.advance(&clock, NANO).await;
+    assert!(s.get("k").await.unwrap().is_none(), "expired when now == expiry");
+}
+
+pub(crate) async fn expired_record_is_absent_for_every_operation(b: &mut impl Backend) {
+    let clock = ManualClock::default();
+    let s = b.open(&clock).await;
+    let old = s.insert_if_absent("k", "a", TTL).await.unwrap().unwrap();
+    b.advance(&clock, TTL).await;
+    assert!(s.get("k").await.unwrap().is_none());
+    assert!(!s.compare_and_swap("k", "a", "a", TTL).await.unwrap());
+    assert!(!s.compare_and_delete("k", "a").await.unwrap());
+    let fence = Fence {
+        lease_key: "k",
+        term: old,
+    };
+    assert!(!s.kv_set(&fence, "svc", "x", b"1").await.unwrap());
+    let new = s.insert_if_absent("k", "a", TTL).await.unwrap().unwrap();
+    assert!(new > old);
+}
+
+pub(crate) async fn terms_increase_across_delete_expire_and_reopen<B: Backend>(b: &mut B) {
+    let clock = ManualClock::default();
+    let s = b.open(&clock).await;
+    let t1 = s.insert_if_absent("k", "a", TTL).await.unwrap().unwrap();
+    assert!(s.compare_and_delete("k", "a").await.unwrap());
+    let t2 = s.insert_if_absent("k", "a", TTL).await.unwrap().unwrap();
+    assert!(t2 > t1, "after delete: {t2} > {t1}");
+    b.advance(&clock, TTL).await;
+    let t3 = s.insert_if_absent("k", "b", TTL).await.unwrap().unwrap();
+    assert!(t3 > t2, "after expiry: {t3} > {t2}");
+    let other = s.insert_if_absent("other", "b", TTL).await.unwrap().unwrap();
+    assert!(other >= 1);
+    if B::PERSISTENT {
+        assert!(s.compare_and_delete("k", "b").await.unwrap());
+        drop(s);
+        let s = b.open(&clock).await;
+        let t4 = s.insert_if_absent("k", "c", TTL).await.unwrap().unwrap();
+        assert!(t4 > t3, "after reopen: {t4} > {t3}");
+    }
+}
+
+pub(crate) async fn get_reports_time_left(b: &mut impl Backend) {
+    let clock = ManualClock::default();
+    let s = b.open(&clock).await;
+    s.insert_if_absent("k", "a", TTL).await.unwrap().unwrap();
+    assert_eq!(s.get("k").await.unwrap().unwrap().time_left, TTL);
+    b.advance(&clock, Duration::from_secs(3)).await;
+    assert_eq!(
+        s.get("k").await.unwrap().unwrap().time_left,
+        TTL - Duration::from_secs(3)
+    );
+}
+
+pub(crate) async fn records_from_before_a_reboot_are_expired(b: &mut impl Backend) {
+    let clock = ManualClock::default();
+    let s = b.open(&clock).await;
+    let t1 = s.insert_if_absent("k", "a", TTL).await.unwrap().unwrap();
+    clock.reboot();
+    assert!(s.get("k").await.unwrap().is_none());
+    let t2 = s.insert_if_absent("k", "b", TTL).await.unwrap().unwrap();
+    assert!(t2 > t1);
+}
+
+pub(crate) async fn kv_writes_are_fenced_by_term(b: &mut impl Backend) {
+    let clock = ManualClock::default();
+    let s = b.open(&clock).await;
+    let t1 = s.insert_if_absent("k", "a", TTL).await.unwrap().unwrap();
+    let old = Fence {
+        lease_key: "k",
+        term: t1,
+    };
+    assert!(s.kv_set(&old, "svc", "x", b"1").await.unwrap());
+    assert_eq!(s.kv_get("svc", "x").await.unwrap().as_deref(), Some(&b"1"[..]));
+    assert_eq!(s.kv_get("other", "x").await.unwrap(), None, "namespaces are apart");
+    assert!(s.compare_and_delete("k", "a").await.unwrap());
+    let t2 = s.insert_if_absent("k", "b", TTL).await.unwrap().unwrap();
+    assert!(!s.kv_set(&old, "svc", "x", b"stale").await.unwrap());
+    let new = Fence {
+        lease_key: "k",
+        term: t2,
+    };
+    assert!(s.kv_set(&new, "svc", "x", b"2").await.unwrap());
+    assert_eq!(s.kv_get("svc", "x").await.unwrap().as_deref(), Some(&b"2"[..]));
+}
+
+pub(crate) async fn wait_released_wakes_on_delete(b: &mut impl Backend) {
+    let clock = ManualClock::default();
+    let s = Arc::new(b.open(&clock).await);
+    s.insert_if_absent("k", "a", TTL).await.unwrap().unwrap();
+    let waiter = tokio::spawn({
+        let s = Arc::clone(&s);
+        async move { s.wait_released(Duration::from_secs(3600)).await }
+    });
+    // Let the waiter start waiting before the release.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(s.compare_and_delete("k", "a").await.unwrap());
+    tokio::time::timeout(Duration::from_secs(20), waiter)
+        .await
+        .expect("wait_released returned after the delete, not after an hour")
+        .unwrap();
+}

@@ -1,0 +1,1 @@
+//! TODO: etcd backend (issue 9).

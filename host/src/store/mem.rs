@@ -1,0 +1,185 @@
+//! In-memory backend: the store contract over a map, on an injected clock, for fast tests.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::Notify;
+
+use super::{Clock, Fence, FencedKv, Record, StoreError, Term, Timestamp, TtlStore};
+
+/// The store contract held in memory: nothing survives the process. Cheap to clone; clones
+/// share one map, like several hosts sharing one store.
+#[derive(Clone)]
+pub struct MemStore {
+    clock: Arc<dyn Clock>,
+    state: Arc<Mutex<State>>,
+    released: Arc<Notify>,
+}
+
+#[derive(Default)]
+struct State {
+    records: HashMap<String, Entry>,
+    /// The last term issued per key; never forgotten, so terms keep increasing.
+    terms: HashMap<String, Term>,
+    kv: HashMap<(String, String), Vec<u8>>,
+}
+
+struct Entry {
+    value: String,
+    term: Term,
+    expires: Timestamp,
+}
+
+impl State {
+    /// The live entry under `key`; an expired one is removed first.
+    fn live(&mut self, key: &str, now: Timestamp) -> Option<&mut Entry> {
+        if self
+            .records
+            .get(key)
+            .is_some_and(|e| e.expires.left_from(now).is_none())
+        {
+            self.records.remove(key);
+        }
+        self.records.get_mut(key)
+    }
+}
+
+impl MemStore {
+    /// An empty store whose expiry is decided by `clock`.
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            clock,
+            state: Arc::default(),
+            released: Arc::new(Notify::new()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // No operation leaves the map half-updated, so a poisoned lock is still consistent.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[async_trait]
+impl TtlStore for MemStore {
+    async fn insert_if_absent(
+        &self,
+        key: &str,
+        value: &str,
+        ttl: Duration,
+    ) -> Result<Option<Term>, StoreError> {
+        let now = self.clock.now();
+        let mut state = self.lock();
+        if state.live(key, now).is_some() {
+            return Ok(None);
+        }
+        let term = state.terms.get(key).copied().unwrap_or(0) + 1;
+        state.terms.insert(key.to_owned(), term);
+        state.records.insert(
+            key.to_owned(),
+            Entry {
+                value: value.to_owned(),
+                term,
+                expires: now.after(ttl),
+            },
+        );
+        Ok(Some(term))
+    }
+
+    async fn compare_and_swap(
+        &self,
+        key: &str,
+        expected: &str,
+        new: &str,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let now = self.clock.now();
+        let mut state = self.lock();
+        match state.live(key, now) {
+            Some(entry) if entry.value == expected => {
+                entry.value = new.to_owned();
+                entry.expires = now.after(ttl);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool, StoreError> {
+        let now = self.clock.now();
+        let mut state = self.lock();
+        let own = state.live(key, now).is_some_and(|e| e.value == expected);
+        if own {
+            state.records.remove(key);
+            drop(state);
+            self.released.notify_waiters();
+        }
+        Ok(own)
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
+        let now = self.clock.now();
+        let mut state = self.lock();
+        Ok(state.live(key, now).and_then(|e| {
+            Some(Record {
+                value: e.value.clone(),
+                term: e.term,
+                time_left: e.expires.left_from(now)?,
+            })
+        }))
+    }
+
+    async fn wait_released(&self, max: Duration) {
+        let _ = tokio::time::timeout(max, self.released.notified()).await;
+    }
+}
+
+#[async_trait]
+impl FencedKv for MemStore {
+    async fn kv_get(&self, space: &str, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self
+            .lock()
+            .kv
+            .get(&(space.to_owned(), key.to_owned()))
+            .cloned())
+    }
+
+    async fn kv_set(
+        &self,
+        fence: &Fence<'_>,
+        space: &str,
+        key: &str,
+        value: &[u8],
+    ) -> Result<bool, StoreError> {
+        let now = self.clock.now();
+        let mut state = self.lock();
+        if state.live(fence.lease_key, now).map(|e| e.term) != Some(fence.term) {
+            return Ok(false);
+        }
+        state
+            .kv
+            .insert((space.to_owned(), key.to_owned()), value.to_vec());
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::ManualClock;
+    use crate::store::conformance::{self, Backend};
+
+    struct Mem;
+
+    impl Backend for Mem {
+        type Store = MemStore;
+        async fn open(&mut self, clock: &ManualClock) -> MemStore {
+            MemStore::new(Arc::new(clock.clone()))
+        }
+        const PERSISTENT: bool = false;
+    }
+
+    conformance::suite!(Mem);
+}

@@ -1,0 +1,153 @@
+//! The TTL store contract (SPEC §3): lease records with a term and a store-side expiry.
+//!
+//! Every backend ([`MemStore`], [`RedbStore`], [`EtcdStore`]) implements [`TtlStore`] and
+//! [`FencedKv`]; one conformance suite (`conformance.rs`) runs against each of them.
+
+mod clock;
+#[cfg(test)]
+pub(crate) mod conformance;
+mod etcd;
+mod mem;
+mod redb_store;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+pub use clock::{Clock, ManualClock, SystemClock, Timestamp, TokioClock};
+pub use mem::MemStore;
+
+/// Fencing token: strictly increases every time a key is acquired, for the life of the store.
+pub type Term = u64;
+
+/// A boxed error from a backend library, kept as the cause of a [`StoreError`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A live record as [`TtlStore::get`] reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// The holder value written by the last successful insert or swap.
+    pub value: String,
+    /// The term issued when the record was inserted (a swap keeps it).
+    pub term: Term,
+    /// How long until the store treats the record as absent, by the store's own clock.
+    pub time_left: Duration,
+}
+
+/// Why a store operation failed, and whether trying again can help.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// Worth retrying: I/O hiccup, timeout, busy lock, unreachable or quorum-less cluster.
+    #[error("{context}: {source}")]
+    Transient {
+        /// What was being done, naming the store (path or endpoints).
+        context: String,
+        /// The backend's own error.
+        source: BoxError,
+    },
+    /// Retrying will not help: corrupt or foreign file, incompatible schema, bad credentials.
+    #[error("{context}: {source}")]
+    Permanent {
+        /// What was being done, naming the store (path or endpoints).
+        context: String,
+        /// The backend's own error.
+        source: BoxError,
+    },
+}
+
+impl StoreError {
+    /// A failure that may go away if the operation is tried again.
+    pub fn transient(context: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Self::Transient {
+            context: context.into(),
+            source: source.into(),
+        }
+    }
+
+    /// A failure that will not go away by retrying.
+    pub fn permanent(context: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Self::Permanent {
+            context: context.into(),
+            source: source.into(),
+        }
+    }
+
+    /// True if retrying the operation makes sense.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Transient { .. })
+    }
+}
+
+/// The lease operations every backend provides (SPEC §3).
+///
+/// "Live" means present and not expired; an expired record behaves exactly as an absent one
+/// for every operation. Expiry is decided by the store's own clock, never the caller's.
+#[async_trait]
+pub trait TtlStore: Send + Sync {
+    /// Writes `value` under `key` for `ttl` if no live record exists there.
+    ///
+    /// Returns the new term, strictly greater than any term this store ever issued for `key`
+    /// (also after deletes, expiry and reopening), or `None` if a live record exists, even
+    /// one with the same value.
+    async fn insert_if_absent(
+        &self,
+        key: &str,
+        value: &str,
+        ttl: Duration,
+    ) -> Result<Option<Term>, StoreError>;
+
+    /// If the live value under `key` equals `expected`, replaces it with `new` and resets the
+    /// expiry to now + `ttl`. Returns whether it did.
+    async fn compare_and_swap(
+        &self,
+        key: &str,
+        expected: &str,
+        new: &str,
+        ttl: Duration,
+    ) -> Result<bool, StoreError>;
+
+    /// Deletes the live record under `key` if its value equals `expected`. Returns whether it
+    /// did.
+    async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool, StoreError>;
+
+    /// The live record under `key`, if any.
+    async fn get(&self, key: &str) -> Result<Option<Record>, StoreError>;
+
+    /// Returns when a record of this store may have been released or deleted (by this process
+    /// or another), or after `max` at the latest. Spurious wake-ups are allowed: callers look
+    /// again with [`TtlStore::get`]. Lets a campaigner wait without polling blindly.
+    async fn wait_released(&self, max: Duration);
+}
+
+/// A key-value store for guests whose writes are fenced by the writer's lease (SPEC §7).
+#[async_trait]
+pub trait FencedKv: Send + Sync {
+    /// The value under `key` in the namespace `space`, if any.
+    async fn kv_get(&self, space: &str, key: &str) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// Writes `value` under `key` in `space`, atomically with a check that the live record
+    /// under `fence.lease_key` still carries `fence.term`. Returns `false` (and writes
+    /// nothing) when the term is stale: the lease expired or passed to another holder.
+    async fn kv_set(
+        &self,
+        fence: &Fence<'_>,
+        space: &str,
+        key: &str,
+        value: &[u8],
+    ) -> Result<bool, StoreError>;
+}
+
+/// The lease a fenced write is made under.
+#[derive(Clone, Copy, Debug)]
+pub struct Fence<'a> {
+    /// The lease record's key (the slot).
+    pub lease_key: &'a str,
+    /// The term the writer acquired that lease with.
+    pub term: Term,
+}
+
+/// Everything a host needs from a store: leases and the guests' fenced key-value space.
+pub trait Store: TtlStore + FencedKv {}
+
+impl<T: TtlStore + FencedKv + ?Sized> Store for T {}

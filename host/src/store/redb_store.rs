@@ -1,0 +1,1 @@
+//! TODO: redb backend (issue 3).
