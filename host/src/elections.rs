@@ -1,7 +1,28 @@
 //! Elections (SPEC §4): acquire, renew and release leases; the local lease deadline.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
 use tokio::sync::watch;
-use tokio::time::Instant;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep, sleep_until};
+use tokio_util::sync::CancellationToken;
+
+use crate::killer::Killer;
+use crate::store::{Store, StoreError, Term};
+
+/// Renew every `L / RENEW_DIVISOR`.
+const RENEW_DIVISOR: u32 = 4;
+/// Between failed renewal attempts wait `L / RETRY_DIVISOR`.
+const RETRY_DIVISOR: u32 = 20;
+/// Renewal attempts per tick before the lease is given up.
+const CAS_ATTEMPTS: u32 = 3;
+
+/// The local lease deadline for a write that started at `start`: `start + 0.8·L`.
+pub fn valid_until(start: Instant, lease: Duration) -> Instant {
+    start + lease.mul_f64(0.8)
+}
 
 /// The local lease deadline (*valid-until*): the start of the last successful write plus
 /// 0.8·L. Past it no guest output or host call may take effect (SPEC §4, §6). Cheap to clone.
@@ -29,4 +50,253 @@ impl LeaseDeadline {
     pub fn has_passed(&self) -> bool {
         Instant::now() >= self.get()
     }
+}
+
+/// Why an acquisition failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ElectionError {
+    /// [`Elections::cleanup`] has run: this instance takes no new leases.
+    #[error("elections are cleaned up and take no new leases")]
+    CleanedUp,
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Acquires and keeps leases in a store, arming one [`Killer`] for all of them.
+pub struct Elections {
+    store: Arc<dyn Store>,
+    killer: Arc<Killer>,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    cleaned_up: bool,
+    held: HashMap<String, Held>,
+}
+
+/// A lease this instance holds, with its renewal loop.
+struct Held {
+    value: String,
+    stop: CancellationToken,
+    lost: CancellationToken,
+    renewal: JoinHandle<()>,
+}
+
+/// One lease held: its term, its *lost* signal and its local deadline.
+#[derive(Clone, Debug)]
+pub struct Leadership {
+    key: String,
+    term: Term,
+    lost: CancellationToken,
+    deadline: LeaseDeadline,
+}
+
+impl Leadership {
+    /// The store key of the lease.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The fencing term issued at acquisition.
+    pub fn term(&self) -> Term {
+        self.term
+    }
+
+    /// Resolves when the leadership ends: lost, released or cleaned up.
+    pub async fn lost(&self) {
+        self.lost.cancelled().await;
+    }
+
+    /// True once the leadership has ended.
+    pub fn is_lost(&self) -> bool {
+        self.lost.is_cancelled()
+    }
+
+    /// The local lease deadline, moved by every successful renewal.
+    pub fn deadline(&self) -> LeaseDeadline {
+        self.deadline.clone()
+    }
+}
+
+impl Elections {
+    /// Elections over `store`, arming `killer` while leases are held.
+    pub fn new(store: Arc<dyn Store>, killer: Arc<Killer>) -> Arc<Self> {
+        Arc::new(Self {
+            store,
+            killer,
+            state: Mutex::default(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Updates are single inserts and removals: a poisoned map is still consistent.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Tries once to acquire `key` with `value` for `lease`. `Ok(None)`: someone holds it.
+    ///
+    /// On success the killer is armed for `start + 0.8·L` (`start` taken before the write)
+    /// and a renewal loop keeps the lease until it is lost or released.
+    ///
+    /// # Errors
+    /// [`ElectionError::CleanedUp`] after [`Elections::cleanup`], or the store's error.
+    pub async fn acquire(
+        self: &Arc<Self>,
+        key: &str,
+        value: &str,
+        lease: Duration,
+    ) -> Result<Option<Leadership>, ElectionError> {
+        if self.lock().cleaned_up {
+            return Err(ElectionError::CleanedUp);
+        }
+        let start = Instant::now();
+        let Some(term) = self.store.insert_if_absent(key, value, lease).await? else {
+            return Ok(None);
+        };
+        let until = valid_until(start, lease);
+        let (deadline_tx, deadline) = LeaseDeadline::manual(until);
+        let lost = CancellationToken::new();
+        let registered = {
+            let mut state = self.lock();
+            if state.cleaned_up {
+                false
+            } else {
+                // Armed under the lock, so cleanup cannot slip between arming and recording.
+                self.killer.arm(until);
+                let stop = CancellationToken::new();
+                let renewal = tokio::spawn(Arc::clone(self).renew(Renewal {
+                    key: key.to_owned(),
+                    value: value.to_owned(),
+                    lease,
+                    last_start: start,
+                    deadline: deadline_tx,
+                    stop: stop.clone(),
+                    lost: lost.clone(),
+                }));
+                let held = Held {
+                    value: value.to_owned(),
+                    stop,
+                    lost: lost.clone(),
+                    renewal,
+                };
+                state.held.insert(key.to_owned(), held);
+                true
+            }
+        };
+        if !registered {
+            // Cleanup ran during the write: give the lease straight back.
+            if let Err(e) = self.store.compare_and_delete(key, value).await {
+                tracing::warn!(key, error = %e, "release after late acquisition failed");
+            }
+            return Err(ElectionError::CleanedUp);
+        }
+        tracing::info!(key, term, lease_ms = lease.as_millis(), "acquired");
+        Ok(Some(Leadership {
+            key: key.to_owned(),
+            term,
+            lost,
+            deadline,
+        }))
+    }
+
+    /// Releases `key`: deletes our record, fires *lost*, and waits for the renewal loop to
+    /// end. Releasing a key this instance does not hold is a no-op.
+    pub async fn release(&self, key: &str) {
+        let Some(held) = self.lock().held.remove(key) else {
+            return;
+        };
+        held.stop.cancel();
+        match self.store.compare_and_delete(key, &held.value).await {
+            Ok(deleted) => tracing::info!(key, deleted, "released"),
+            Err(e) => tracing::warn!(key, error = %e, "release failed; the record will expire"),
+        }
+        held.lost.cancel();
+        // The loop ends at its next await point; it never panics on its own.
+        let _ = held.renewal.await;
+    }
+
+    /// Refuses new acquisitions from now on, releases every lease, and returns when every
+    /// renewal loop has ended. Leaves the killer armed: disarming is the caller's last step.
+    pub async fn cleanup(&self) {
+        let keys: Vec<String> = {
+            let mut state = self.lock();
+            state.cleaned_up = true;
+            state.held.keys().cloned().collect()
+        };
+        for key in keys {
+            self.release(&key).await;
+        }
+    }
+
+    /// The renewal loop of one lease (SPEC §4).
+    async fn renew(self: Arc<Self>, mut r: Renewal) {
+        let interval = r.lease / RENEW_DIVISOR;
+        let retry = r.lease / RETRY_DIVISOR;
+        loop {
+            tokio::select! {
+                () = r.stop.cancelled() => return,
+                () = sleep_until(r.last_start + interval) => {}
+            }
+            let mut attempt = 1;
+            loop {
+                let cas_start = Instant::now();
+                let outcome = tokio::select! {
+                    () = r.stop.cancelled() => return,
+                    outcome = self.store.compare_and_swap(&r.key, &r.value, &r.value, r.lease) => outcome,
+                };
+                match outcome {
+                    Ok(true) => {
+                        let until = valid_until(cas_start, r.lease);
+                        // Only a successful write moves the deadlines later.
+                        self.killer.arm(until);
+                        r.deadline.send_replace(until);
+                        r.last_start = cas_start;
+                        tracing::debug!(key = r.key, "renewed");
+                        break;
+                    }
+                    Ok(false) => {
+                        tracing::warn!(key = r.key, "lost: the record changed or expired");
+                        return self.give_up(&r).await;
+                    }
+                    Err(e) if attempt < CAS_ATTEMPTS => {
+                        tracing::warn!(key = r.key, attempt, error = %e, "renewal failed, retrying");
+                        attempt += 1;
+                        tokio::select! {
+                            () = r.stop.cancelled() => return,
+                            () = sleep(retry) => {}
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(key = r.key, attempt, error = %e, "lost: renewal failed");
+                        return self.give_up(&r).await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Ends a lease from inside its renewal loop: fire *lost* at once, then delete our record
+    /// (a foreign one is left alone by the comparison). The entry stays in the map until
+    /// [`Elections::release`] or [`Elections::cleanup`] joins this loop.
+    async fn give_up(&self, r: &Renewal) {
+        r.lost.cancel();
+        if let Err(e) = self.store.compare_and_delete(&r.key, &r.value).await {
+            tracing::warn!(key = r.key, error = %e, "release after loss failed");
+        }
+    }
+}
+
+/// State of one renewal loop.
+struct Renewal {
+    key: String,
+    value: String,
+    lease: Duration,
+    /// Start of the last successful write.
+    last_start: Instant,
+    deadline: watch::Sender<Instant>,
+    stop: CancellationToken,
+    lost: CancellationToken,
 }

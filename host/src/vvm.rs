@@ -3,7 +3,15 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+use crate::elections::{ElectionError, Elections, Leadership};
+use crate::killer::Killer;
+use crate::services::{LeaseInfo, ServiceContext, ServiceError, Services};
+use crate::store::{Store, Term};
 
 /// The first fatal error of a running VVM: reported once, returned by shutdown.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -69,5 +77,308 @@ impl ProblemReporter {
         self.inner.fired.cancelled().await;
         // `fired` is cancelled only after `problem` is set.
         self.get().unwrap_or(Problem::LeadershipLost)
+    }
+}
+
+/// How a VVM campaigns and holds its lease.
+#[derive(Clone, Debug)]
+pub struct VvmConfig {
+    /// Cluster size N: slots 1..=N are campaigned for. At least 1.
+    pub cluster_size: u32,
+    /// Lease duration `L` written with every acquire and renew.
+    pub lease: Duration,
+    /// How long to campaign before reporting [`Problem::AcquisitionTimeout`].
+    pub acquisition_timeout: Duration,
+    /// This host's holder value; [`holder_value`] makes one unique per process run.
+    pub holder: String,
+}
+
+impl Default for VvmConfig {
+    fn default() -> Self {
+        Self {
+            cluster_size: 1,
+            lease: Duration::from_secs(20),
+            acquisition_timeout: Duration::from_secs(120),
+            holder: holder_value(),
+        }
+    }
+}
+
+/// A holder value unique per process run, not just per machine: `host/pid/start-nanos`.
+pub fn holder_value() -> String {
+    let host = rustix::system::uname()
+        .nodename()
+        .to_string_lossy()
+        .into_owned();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{host}/{}/{nanos:x}", std::process::id())
+}
+
+/// The store key of slot `slot`.
+pub fn slot_key(slot: u32) -> String {
+    format!("slot/{slot}")
+}
+
+/// Where a launched VVM is in its life, for logs, status and tests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum VvmState {
+    /// Trying to acquire a slot.
+    Campaigning,
+    /// Holding `slot` with `term`; services are being started or run.
+    Leading {
+        /// The slot held.
+        slot: u32,
+        /// Its term.
+        term: Term,
+    },
+    /// Running the shutdown sequence.
+    ShuttingDown,
+    /// The shutdown sequence has ended: no service runs, no lease is held.
+    ShutDown,
+}
+
+/// A VVM that has been provided (built) but not launched. Nothing runs yet.
+pub struct Vvm {
+    config: VvmConfig,
+    store: Arc<dyn Store>,
+    services: Arc<dyn Services>,
+    killer: Arc<Killer>,
+}
+
+impl Vvm {
+    /// Builds a VVM and starts nothing. The killer exits the process when it fires.
+    pub fn provide(config: VvmConfig, store: Arc<dyn Store>, services: Arc<dyn Services>) -> Self {
+        Self {
+            config,
+            store,
+            services,
+            killer: Arc::new(Killer::new()),
+        }
+    }
+
+    /// Replaces the killer (tests inject one whose action records instead of exiting).
+    #[must_use]
+    pub fn with_killer(mut self, killer: Arc<Killer>) -> Self {
+        self.killer = killer;
+        self
+    }
+
+    /// Starts the VVM in the background and returns at once. Consumes the VVM, so it cannot
+    /// be launched twice. Must be called inside a tokio runtime.
+    pub fn launch(self) -> LaunchedVvm {
+        let problems = ProblemReporter::default();
+        let shutdown = CancellationToken::new();
+        let (state_tx, state) = watch::channel(VvmState::Campaigning);
+        let launcher = tokio::spawn(
+            Launcher {
+                vvm: self,
+                problems: problems.clone(),
+                shutdown: shutdown.clone(),
+                state: state_tx,
+            }
+            .run(),
+        );
+        LaunchedVvm {
+            problems,
+            shutdown,
+            state,
+            launcher,
+        }
+    }
+}
+
+/// A launched VVM: wait for its problem, watch its state, shut it down.
+pub struct LaunchedVvm {
+    problems: ProblemReporter,
+    shutdown: CancellationToken,
+    state: watch::Receiver<VvmState>,
+    launcher: JoinHandle<()>,
+}
+
+impl LaunchedVvm {
+    /// The problem signal: `problems().wait()` resolves with the first problem.
+    pub fn problems(&self) -> &ProblemReporter {
+        &self.problems
+    }
+
+    /// The VVM's state as it changes.
+    pub fn state(&self) -> watch::Receiver<VvmState> {
+        self.state.clone()
+    }
+
+    /// Runs the shutdown sequence (services → monitor → elections cleanup → killer disarm)
+    /// and returns the first problem, if any. May be called at any time after launch.
+    pub async fn shutdown(self) -> Option<Problem> {
+        self.shutdown.cancel();
+        if let Err(e) = self.launcher.await {
+            tracing::error!(error = %e, "launcher task failed");
+        }
+        self.problems.get()
+    }
+}
+
+/// The launcher task: campaign, monitor, services, then the ordered shutdown.
+struct Launcher {
+    vvm: Vvm,
+    problems: ProblemReporter,
+    shutdown: CancellationToken,
+    state: watch::Sender<VvmState>,
+}
+
+impl Launcher {
+    async fn run(self) {
+        let Vvm {
+            config,
+            store,
+            services,
+            killer,
+        } = &self.vvm;
+        let elections = Elections::new(Arc::clone(store), Arc::clone(killer));
+        let mut monitor = None;
+        let mut running = None;
+        match self.campaign(&elections).await {
+            Ok(Some((slot, leadership))) => {
+                let term = leadership.term();
+                tracing::info!(slot, term, "leading");
+                self.state.send_replace(VvmState::Leading { slot, term });
+                // Services hear the stop on shutdown or on leadership loss, whichever is first.
+                let stopping = self.shutdown.child_token();
+                let monitor_stop = CancellationToken::new();
+                monitor = Some((
+                    monitor_stop.clone(),
+                    tokio::spawn(monitor_leadership(
+                        leadership.clone(),
+                        self.problems.clone(),
+                        stopping.clone(),
+                        monitor_stop,
+                    )),
+                ));
+                let ctx = ServiceContext {
+                    lease: LeaseInfo {
+                        slot,
+                        key: leadership.key().to_owned(),
+                        holder: config.holder.clone(),
+                        term,
+                        lease: config.lease,
+                    },
+                    deadline: leadership.deadline(),
+                    stopping,
+                    problems: self.problems.clone(),
+                    store: Arc::clone(store),
+                };
+                match services.start(ctx).await {
+                    Ok(started) => running = Some(started),
+                    Err(e) => {
+                        let (name, reason) = match e {
+                            ServiceError::Start { name, reason } => (name, reason),
+                        };
+                        self.problems.report(Problem::Service { name, reason });
+                    }
+                }
+            }
+            Ok(None) => {}
+            Err(problem) => {
+                self.problems.report(problem);
+            }
+        }
+        self.shutdown.cancelled().await;
+
+        // The shutdown sequence (SPEC §5), in this order and nowhere else.
+        self.state.send_replace(VvmState::ShuttingDown);
+        if let Some(running) = running {
+            running.stop().await;
+            tracing::info!("services stopped");
+        }
+        if let Some((stop, task)) = monitor {
+            stop.cancel();
+            let _ = task.await;
+            tracing::debug!("leadership monitor stopped");
+        }
+        elections.cleanup().await;
+        killer.disarm();
+        self.state.send_replace(VvmState::ShutDown);
+        tracing::info!("shut down");
+    }
+
+    /// Tries every slot each round until one is acquired, shutdown begins (`Ok(None)`), or
+    /// the acquisition timeout passes. Between rounds it sleeps until the earliest record can
+    /// expire, waking early when the store reports a release.
+    async fn campaign(
+        &self,
+        elections: &Arc<Elections>,
+    ) -> Result<Option<(u32, Leadership)>, Problem> {
+        let Vvm { config, store, .. } = &self.vvm;
+        let give_up_at = Instant::now() + config.acquisition_timeout;
+        tracing::info!(
+            slots = config.cluster_size,
+            holder = config.holder,
+            "campaigning"
+        );
+        loop {
+            let mut wait = give_up_at.saturating_duration_since(Instant::now());
+            let mut seen_live = false;
+            for slot in 1..=config.cluster_size {
+                if self.shutdown.is_cancelled() {
+                    return Ok(None);
+                }
+                let key = slot_key(slot);
+                match elections.acquire(&key, &config.holder, config.lease).await {
+                    Ok(Some(leadership)) => return Ok(Some((slot, leadership))),
+                    Ok(None) => {}
+                    Err(ElectionError::CleanedUp) => return Ok(None),
+                    Err(ElectionError::Store(e)) if e.is_transient() => {
+                        tracing::warn!(slot, error = %e, "acquire failed, will retry");
+                        wait = wait.min(config.lease / 20);
+                        continue;
+                    }
+                    Err(ElectionError::Store(e)) => return Err(Problem::Store(e.to_string())),
+                }
+                match store.get(&key).await {
+                    Ok(Some(record)) => {
+                        seen_live = true;
+                        wait = wait.min(record.time_left);
+                    }
+                    Ok(None) => wait = Duration::ZERO,
+                    Err(e) => {
+                        tracing::warn!(slot, error = %e, "reading the lease failed");
+                        wait = wait.min(config.lease / 20);
+                    }
+                }
+            }
+            if Instant::now() >= give_up_at {
+                return Err(Problem::AcquisitionTimeout {
+                    slots: config.cluster_size,
+                    timeout: config.acquisition_timeout,
+                });
+            }
+            if !seen_live {
+                // Released between our insert and our read: try again at once, but never spin.
+                wait = wait.max(Duration::from_millis(1));
+            }
+            tokio::select! {
+                () = self.shutdown.cancelled() => return Ok(None),
+                () = store.wait_released(wait) => {}
+            }
+        }
+    }
+}
+
+/// The leadership monitor: on loss, report [`Problem::LeadershipLost`] and tell the services
+/// to stop; ends when told to.
+async fn monitor_leadership(
+    leadership: Leadership,
+    problems: ProblemReporter,
+    stopping: CancellationToken,
+    stop: CancellationToken,
+) {
+    tokio::select! {
+        () = stop.cancelled() => {}
+        () = leadership.lost() => {
+            tracing::warn!(key = leadership.key(), term = leadership.term(), "lost");
+            stopping.cancel();
+            problems.report(Problem::LeadershipLost);
+        }
     }
 }

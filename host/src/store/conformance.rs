@@ -73,7 +73,11 @@ pub(crate) async fn cas_succeeds_on_own_value(b: &mut impl Backend) {
     let term = s.insert_if_absent("k", "a", TTL).await.unwrap().unwrap();
     assert!(s.compare_and_swap("k", "a", "b", TTL).await.unwrap());
     let rec = s.get("k").await.unwrap().unwrap();
-    assert_eq!((rec.value.as_str(), rec.term), ("b", term), "a swap keeps the term");
+    assert_eq!(
+        (rec.value.as_str(), rec.term),
+        ("b", term),
+        "a swap keeps the term"
+    );
 }
 
 pub(crate) async fn cas_fails_on_wrong_value(b: &mut impl Backend) {
@@ -88,7 +92,10 @@ pub(crate) async fn cas_fails_on_absent_key(b: &mut impl Backend) {
     let clock = ManualClock::default();
     let s = b.open(&clock).await;
     assert!(!s.compare_and_swap("k", "a", "b", TTL).await.unwrap());
-    assert!(s.get("k").await.unwrap().is_none(), "a failed swap creates nothing");
+    assert!(
+        s.get("k").await.unwrap().is_none(),
+        "a failed swap creates nothing"
+    );
 }
 
 pub(crate) async fn cas_resets_expiry(b: &mut impl Backend) {
@@ -98,7 +105,10 @@ pub(crate) async fn cas_resets_expiry(b: &mut impl Backend) {
     b.advance(&clock, TTL - Duration::from_secs(2)).await;
     assert!(s.compare_and_swap("k", "a", "a", TTL).await.unwrap());
     b.advance(&clock, TTL - Duration::from_secs(1)).await;
-    assert!(s.get("k").await.unwrap().is_some(), "the swap moved the expiry");
+    assert!(
+        s.get("k").await.unwrap().is_some(),
+        "the swap moved the expiry"
+    );
     b.advance(&clock, Duration::from_secs(1)).await;
     assert!(s.get("k").await.unwrap().is_none());
 }
@@ -109,7 +119,10 @@ pub(crate) async fn delete_own_value(b: &mut impl Backend) {
     s.insert_if_absent("k", "a", TTL).await.unwrap().unwrap();
     assert!(s.compare_and_delete("k", "a").await.unwrap());
     assert!(s.get("k").await.unwrap().is_none());
-    assert!(!s.compare_and_delete("k", "a").await.unwrap(), "already gone");
+    assert!(
+        !s.compare_and_delete("k", "a").await.unwrap(),
+        "already gone"
+    );
 }
 
 pub(crate) async fn delete_foreign_value_fails(b: &mut impl Backend) {
@@ -127,7 +140,10 @@ pub(crate) async fn expiry_is_inclusive(b: &mut impl Backend) {
     b.advance(&clock, TTL - NANO).await;
     assert_eq!(s.get("k").await.unwrap().unwrap().time_left, NANO);
     b.advance(&clock, NANO).await;
-    assert!(s.get("k").await.unwrap().is_none(), "expired when now == expiry");
+    assert!(
+        s.get("k").await.unwrap().is_none(),
+        "expired when now == expiry"
+    );
 }
 
 pub(crate) async fn expired_record_is_absent_for_every_operation(b: &mut impl Backend) {
@@ -157,7 +173,11 @@ pub(crate) async fn terms_increase_across_delete_expire_and_reopen<B: Backend>(b
     b.advance(&clock, TTL).await;
     let t3 = s.insert_if_absent("k", "b", TTL).await.unwrap().unwrap();
     assert!(t3 > t2, "after expiry: {t3} > {t2}");
-    let other = s.insert_if_absent("other", "b", TTL).await.unwrap().unwrap();
+    let other = s
+        .insert_if_absent("other", "b", TTL)
+        .await
+        .unwrap()
+        .unwrap();
     assert!(other >= 1);
     if B::PERSISTENT {
         assert!(s.compare_and_delete("k", "b").await.unwrap());
@@ -199,8 +219,15 @@ pub(crate) async fn kv_writes_are_fenced_by_term(b: &mut impl Backend) {
         term: t1,
     };
     assert!(s.kv_set(&old, "svc", "x", b"1").await.unwrap());
-    assert_eq!(s.kv_get("svc", "x").await.unwrap().as_deref(), Some(&b"1"[..]));
-    assert_eq!(s.kv_get("other", "x").await.unwrap(), None, "namespaces are apart");
+    assert_eq!(
+        s.kv_get("svc", "x").await.unwrap().as_deref(),
+        Some(&b"1"[..])
+    );
+    assert_eq!(
+        s.kv_get("other", "x").await.unwrap(),
+        None,
+        "namespaces are apart"
+    );
     assert!(s.compare_and_delete("k", "a").await.unwrap());
     let t2 = s.insert_if_absent("k", "b", TTL).await.unwrap().unwrap();
     assert!(!s.kv_set(&old, "svc", "x", b"stale").await.unwrap());
@@ -209,7 +236,10 @@ pub(crate) async fn kv_writes_are_fenced_by_term(b: &mut impl Backend) {
         term: t2,
     };
     assert!(s.kv_set(&new, "svc", "x", b"2").await.unwrap());
-    assert_eq!(s.kv_get("svc", "x").await.unwrap().as_deref(), Some(&b"2"[..]));
+    assert_eq!(
+        s.kv_get("svc", "x").await.unwrap().as_deref(),
+        Some(&b"2"[..])
+    );
 }
 
 pub(crate) async fn wait_released_wakes_on_delete(b: &mut impl Backend) {
