@@ -1,0 +1,248 @@
+//! The command line (SPEC §8): `vvm-host serve`, `status` and `check`.
+
+mod serve;
+mod status;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::config::{self, ConfigError, DEFAULT_CONFIG_FILE, FileConfig, GrantConfig};
+use crate::store::{EtcdOptions, RedbStore, Store, StoreError};
+
+/// Exit code for bad settings or a store that cannot be opened.
+pub const EXIT_SETUP: u8 = 1;
+/// Exit code when a second signal interrupts the shutdown sequence.
+pub const EXIT_INTERRUPTED: u8 = 130;
+
+/// Leader-elected WebAssembly service host.
+#[derive(Debug, Parser)]
+#[command(name = "vvm-host", version, about)]
+pub struct Cli {
+    /// Log line format.
+    #[arg(long, global = true, env = "VVM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Log line formats; `RUST_LOG` sets the filter (default `info`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the services directory while holding a slot; stand by otherwise.
+    Serve(ServeArgs),
+    /// Show who holds each slot, with term and time left.
+    Status(StoreArgs),
+    /// Validate every component in a directory without serving; non-zero exit if any is bad.
+    Check {
+        /// The directory to check (default: the configured services directory).
+        dir: Option<PathBuf>,
+        /// Settings.
+        #[command(flatten)]
+        settings: StoreArgs,
+    },
+}
+
+/// Where the store is and how big the cluster is: shared by every subcommand.
+#[derive(Debug, Args)]
+pub struct StoreArgs {
+    /// Configuration file [default: ./vvm.toml if it exists].
+    #[arg(long, env = "VVM_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Store: a redb file, or etcd://host:port[,host:port...] [default: ./vvm.redb].
+    #[arg(long, env = "VVM_STORE")]
+    pub store: Option<String>,
+    /// Cluster size N: at most N hosts serve at once, on slots 1..=N [default: 1].
+    #[arg(long, env = "VVM_CLUSTER_SIZE")]
+    pub cluster_size: Option<u32>,
+    /// Directory of *.wasm services [default: ./services].
+    #[arg(long, env = "VVM_SERVICES")]
+    pub services: Option<PathBuf>,
+    /// etcd user name.
+    #[arg(long, env = "VVM_ETCD_USER")]
+    pub etcd_user: Option<String>,
+    /// etcd password.
+    #[arg(long, env = "VVM_ETCD_PASSWORD", hide_env_values = true)]
+    pub etcd_password: Option<String>,
+    /// CA certificate (PEM) for TLS to etcd.
+    #[arg(long, env = "VVM_ETCD_CA")]
+    pub etcd_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for mutual TLS to etcd.
+    #[arg(long, env = "VVM_ETCD_CERT")]
+    pub etcd_cert: Option<PathBuf>,
+    /// Client key (PEM) for mutual TLS to etcd.
+    #[arg(long, env = "VVM_ETCD_KEY")]
+    pub etcd_key: Option<PathBuf>,
+}
+
+/// `serve` settings beyond the store.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Store and cluster.
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// Lease duration L [default: 20s].
+    #[arg(long, env = "VVM_LEASE", value_parser = config::parse_duration)]
+    pub lease: Option<Duration>,
+    /// How long to campaign before reporting a problem and starting over [default: 120s].
+    #[arg(long, env = "VVM_ACQUISITION_TIMEOUT", value_parser = config::parse_duration)]
+    pub acquisition_timeout: Option<Duration>,
+    /// How long a stopping service may take before its instance is dropped [default: 5s].
+    #[arg(long, env = "VVM_GRACE_PERIOD", value_parser = config::parse_duration)]
+    pub grace_period: Option<Duration>,
+    /// Memory cap per service instance, MiB [default: 64].
+    #[arg(long, env = "VVM_MEMORY_LIMIT_MIB")]
+    pub memory_limit_mib: Option<u64>,
+    /// Directory of the compiled-component cache [default: <services>/.cache].
+    #[arg(long, env = "VVM_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// Settings after flags, environment, file and defaults are merged.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Store location.
+    pub store: String,
+    /// etcd options from flags and file.
+    pub etcd: config::EtcdFileConfig,
+    /// Cluster size N.
+    pub cluster_size: u32,
+    /// Services directory.
+    pub services: PathBuf,
+    /// Lease duration L.
+    pub lease: Duration,
+    /// Acquisition timeout.
+    pub acquisition_timeout: Duration,
+    /// Grace period for stopping services.
+    pub grace_period: Duration,
+    /// Memory cap per instance, bytes.
+    pub memory_limit: u64,
+    /// Compiled-component cache directory.
+    pub cache_dir: PathBuf,
+    /// Per-service grants.
+    pub grants: std::collections::BTreeMap<String, GrantConfig>,
+}
+
+impl Settings {
+    /// Merges flags and environment (`store`, `serve`) over the file over the defaults.
+    ///
+    /// # Errors
+    /// When the file cannot be read or a value cannot work.
+    pub fn resolve(store: &StoreArgs, serve: Option<&ServeArgs>) -> Result<Self, ConfigError> {
+        let file = match &store.config {
+            Some(path) => FileConfig::load(path, true)?,
+            None => FileConfig::load(DEFAULT_CONFIG_FILE.as_ref(), false)?,
+        };
+        let etcd_file = file.etcd.clone().unwrap_or_default();
+        let services = store
+            .services
+            .clone()
+            .or(file.services)
+            .unwrap_or_else(|| "services".into());
+        let settings = Self {
+            store: store
+                .store
+                .clone()
+                .or(file.store)
+                .unwrap_or_else(|| "vvm.redb".into()),
+            etcd: config::EtcdFileConfig {
+                user: store.etcd_user.clone().or(etcd_file.user),
+                password: store.etcd_password.clone().or(etcd_file.password),
+                ca: store.etcd_ca.clone().or(etcd_file.ca),
+                cert: store.etcd_cert.clone().or(etcd_file.cert),
+                key: store.etcd_key.clone().or(etcd_file.key),
+                prefix: etcd_file.prefix,
+            },
+            cluster_size: store.cluster_size.or(file.cluster_size).unwrap_or(1),
+            lease: serve
+                .and_then(|s| s.lease)
+                .or(file.lease)
+                .unwrap_or(Duration::from_secs(20)),
+            acquisition_timeout: serve
+                .and_then(|s| s.acquisition_timeout)
+                .or(file.acquisition_timeout)
+                .unwrap_or(Duration::from_secs(120)),
+            grace_period: serve
+                .and_then(|s| s.grace_period)
+                .or(file.grace_period)
+                .unwrap_or(Duration::from_secs(5)),
+            memory_limit: serve
+                .and_then(|s| s.memory_limit_mib)
+                .or(file.memory_limit_mib)
+                .unwrap_or(64)
+                .saturating_mul(1 << 20),
+            cache_dir: serve
+                .and_then(|s| s.cache_dir.clone())
+                .or(file.cache_dir)
+                .unwrap_or_else(|| services.join(".cache")),
+            services,
+            grants: file.service,
+        };
+        config::validate(settings.cluster_size, settings.lease)?;
+        Ok(settings)
+    }
+
+    /// Opens the configured store: etcd for an `etcd://` URL, else a redb file.
+    ///
+    /// # Errors
+    /// The store's error, naming the path or endpoints.
+    pub async fn open_store(&self) -> Result<Arc<dyn Store>, StoreError> {
+        if self.store.starts_with("etcd://") {
+            let mut options = EtcdOptions::from_url(&self.store)?;
+            options.user = self.etcd.user.clone();
+            options.password = self.etcd.password.clone();
+            options.ca = self.etcd.ca.clone();
+            options.cert = self.etcd.cert.clone();
+            options.key = self.etcd.key.clone();
+            if let Some(prefix) = &self.etcd.prefix {
+                options.prefix.clone_from(prefix);
+            }
+            Ok(Arc::new(crate::store::EtcdStore::connect(options).await?))
+        } else {
+            Ok(Arc::new(RedbStore::open(self.store.as_ref()).await?))
+        }
+    }
+}
+
+/// Sets up logging to stderr: `RUST_LOG` filter (default `info`), text or JSON lines.
+pub fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// Runs the parsed command line and returns the process exit code.
+pub async fn run(cli: Cli) -> ExitCode {
+    let result = match cli.command {
+        Command::Serve(args) => serve::serve(&args).await,
+        Command::Status(args) => status::status(&args).await,
+        Command::Check { dir, settings } => status::check(dir, &settings).await,
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            // One clear line, then a non-zero exit.
+            eprintln!("vvm-host: error: {e:#}");
+            ExitCode::from(EXIT_SETUP)
+        }
+    }
+}

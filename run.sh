@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# vvm-host's two entry points on a fresh machine:
+#   ./run.sh serve   build the example guests and serve them from ./services with ./vvm.redb
+#   ./run.sh test    install what the build needs, build the guests, run every test
+# Both install their own prerequisites first (Debian packages, the wasm32-wasip2 target,
+# the Python and JavaScript guest toolchains), so nothing is done by hand.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+setup() {
+  local need=()
+  command -v protoc >/dev/null || need+=(protobuf-compiler)   # etcd-client's build script
+  command -v etcd >/dev/null || need+=(etcd-server)           # the etcd backend's tests
+  command -v etcdctl >/dev/null || need+=(etcd-client)
+  if [ ${#need[@]} -gt 0 ]; then
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${need[@]}" >/dev/null
+  fi
+  rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
+  guest-examples/build.sh
+}
+
+case "${1:-}" in
+  serve)
+    shift
+    setup
+    mkdir -p services
+    for f in guest-examples/out/rust-ticker.wasm guest-examples/out/rust-counter.wasm; do
+      [ -e "services/$(basename "$f")" ] || cp "$f" services/
+    done
+    exec cargo run --release -p vvm-host -- serve "$@"
+    ;;
+  test)
+    shift
+    setup
+    cargo fmt --all --check
+    cargo clippy --workspace --all-targets --locked -- -D warnings
+    cargo test --workspace --locked "$@"
+    ;;
+  *)
+    echo "usage: $0 serve [vvm-host serve flags] | test [cargo test args]" >&2
+    exit 2
+    ;;
+esac

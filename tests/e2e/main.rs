@@ -1,0 +1,188 @@
+//! End-to-end tests: real `vvm-host` processes sharing one store (SPEC §5, §8).
+
+mod support;
+
+use std::path::Path;
+use std::time::Duration;
+
+use rustix::process::Signal;
+use support::{Host, Line};
+
+/// A directory with `services/` holding the ticker example, shared by the hosts of a test.
+fn cluster_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let services = dir.path().join("services");
+    std::fs::create_dir(&services).unwrap();
+    let ticker = support::guests().join("rust-ticker.wasm");
+    std::fs::copy(&ticker, services.join("rust-ticker.wasm")).unwrap();
+    dir
+}
+
+/// `vvm-host serve` in `dir` with its own compile cache and the given lease.
+fn serve(name: &'static str, dir: &Path, lease: &str) -> Host {
+    let cache = format!("cache-{name}");
+    Host::start(
+        name,
+        dir,
+        &["serve", "--lease", lease, "--cache-dir", &cache, "--grace-period", "2s"],
+    )
+}
+
+/// The log timestamp of a line (RFC 3339 UTC with a fixed number of digits: sorts as text).
+fn stamp(line: &Line) -> String {
+    let v: serde_json::Value = serde_json::from_str(&line.text).unwrap();
+    v["timestamp"].as_str().unwrap().to_owned()
+}
+
+/// Guest output lines of the ticker in `host`'s log.
+fn ticks(host: &Host) -> Vec<Line> {
+    host.lines()
+        .into_iter()
+        .filter(|l| l.text.contains("rust-ticker") && l.text.contains("tick "))
+        .collect()
+}
+
+/// The span [first, last] of guest output of a host, by log timestamps.
+fn span(host: &Host) -> Option<(String, String)> {
+    let t = ticks(host);
+    Some((stamp(t.first()?), stamp(t.last()?)))
+}
+
+fn assert_disjoint(a: &Host, b: &Host) {
+    if let (Some((a0, a1)), Some((b0, b1))) = (span(a), span(b)) {
+        assert!(
+            a1 < b0 || b1 < a0,
+            "{} ran services {a0}..{a1} and {} ran {b0}..{b1}: both at once",
+            a.name,
+            b.name
+        );
+    }
+}
+
+#[test]
+fn hosts_take_over_from_each_other_and_never_run_services_together() {
+    let dir = cluster_dir();
+    // Seed 001's manual scenario: A leads, B waits; stop A -> B leads; start A again -> A
+    // waits; stop B -> A leads.
+    let mut a = serve("a1", dir.path(), "20s");
+    a.wait_for(&["tick 1:"]);
+    let b = serve("b", dir.path(), "20s");
+    b.wait_for(&["campaigning"]);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(ticks(&b).is_empty(), "B must wait while A leads");
+
+    a.signal(Signal::TERM);
+    assert!(a.wait_exit().success());
+    b.wait_for(&["tick 1:"]);
+    assert_disjoint(&a, &b);
+
+    let mut a2 = serve("a2", dir.path(), "20s");
+    a2.wait_for(&["campaigning"]);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(ticks(&a2).is_empty(), "A must wait while B leads");
+
+    let mut b = b;
+    b.signal(Signal::INT);
+    assert!(b.wait_exit().success());
+    a2.wait_for(&["tick 1:"]);
+    assert_disjoint(&b, &a2);
+    a2.signal(Signal::TERM);
+    assert!(a2.wait_exit().success());
+}
+
+#[test]
+fn standby_takes_over_after_a_killed_leader_lease_expires_not_before() {
+    let dir = cluster_dir();
+    let lease = Duration::from_millis(1500);
+    let mut a = serve("a", dir.path(), "1500ms");
+    let acquired = a.wait_for(&["acquired"]);
+    let b = serve("b", dir.path(), "1500ms");
+    b.wait_for(&["campaigning"]);
+    // The last renewal A made before dying bounds when its record can expire.
+    std::thread::sleep(Duration::from_millis(500));
+    let last_write = a
+        .lines()
+        .into_iter()
+        .rfind(|l| l.text.contains("renewed") || l.text.contains("acquired"))
+        .unwrap_or(acquired);
+    a.signal(Signal::KILL);
+    a.wait_exit();
+    let first = b.wait_for(&["tick 1:"]);
+    let waited = first.at.duration_since(last_write.at);
+    // The record was written at or before `last_write` was read; B may only take over once
+    // it has expired, which is at least L after the write started.
+    assert!(
+        waited + Duration::from_millis(50) >= lease.mul_f64(0.75),
+        "B took over {waited:?} after A's last write: before the lease could expire"
+    );
+}
+
+#[test]
+fn a_stopped_leader_has_no_effect_after_its_deadline_and_rejoins_as_standby() {
+    let dir = cluster_dir();
+    let mut a = serve("a", dir.path(), "1s");
+    a.wait_for(&["tick 1:"]);
+    let b = serve("b", dir.path(), "1s");
+    b.wait_for(&["campaigning"]);
+    a.signal(Signal::STOP);
+    let first_b = b.wait_for(&["tick 1:"]);
+    std::thread::sleep(Duration::from_millis(500));
+    let mark = a.mark();
+    a.signal(Signal::CONT);
+    // A wakes past its local deadline: the killer ends it (or fencing drops its output and it
+    // loses the lease). Either way no guest output of A may be logged after B's start.
+    let status = a.wait_exit_or(Duration::from_secs(10));
+    let late: Vec<Line> = ticks(&a)
+        .into_iter()
+        .filter(|l| stamp(l) > stamp(&first_b))
+        .collect();
+    assert!(late.is_empty(), "A's guest acted after B took over: {late:?}");
+    match status {
+        Some(status) => assert_eq!(
+            status.code(),
+            Some(vvm_host::killer::KILLER_EXIT_CODE),
+            "A must be ended by the killer"
+        ),
+        None => {
+            // Still alive: it must have rejoined as a standby.
+            a.wait_for_from(mark, &["campaigning"]);
+        }
+    }
+}
+
+#[test]
+fn bad_configuration_is_one_clear_line_and_a_non_zero_exit() {
+    let bad_file = tempfile::tempdir().unwrap();
+    std::fs::write(bad_file.path().join("vvm.toml"), "leese = \"2s\"\n").unwrap();
+    let clean = tempfile::tempdir().unwrap();
+    std::fs::write(clean.path().join("not-a-dir"), "").unwrap();
+    let cases: &[(&Path, &[&str], &str)] = &[
+        (bad_file.path(), &["serve"], "unknown field `leese`"),
+        (clean.path(), &["serve", "--lease", "-5s"], "negative"),
+        (clean.path(), &["serve", "--lease", "0s"], "zero"),
+        (clean.path(), &["serve", "--cluster-size", "0"], "cluster-size"),
+        (
+            clean.path(),
+            &["serve", "--store", "missing/dir/vvm.redb"],
+            "missing/dir/vvm.redb",
+        ),
+        (
+            clean.path(),
+            &["serve", "--services", "not-a-dir"],
+            "not-a-dir",
+        ),
+        (clean.path(), &["serve", "--services", "absent"], "absent"),
+    ];
+    for (dir, args, needle) in cases {
+        let out = std::process::Command::new(support::BIN)
+            .args(*args)
+            .current_dir(dir)
+            .env("RUST_LOG", "off")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
+    }
+}
