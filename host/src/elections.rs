@@ -317,7 +317,7 @@ impl Elections {
                     }
                     Ok(false) => {
                         tracing::warn!(key = r.key, "lost: the record changed or expired");
-                        return self.give_up(&r).await;
+                        return Self::give_up(&r);
                     }
                     Err(e) if attempt < CAS_ATTEMPTS => {
                         tracing::warn!(key = r.key, attempt, error = %e, "renewal failed, retrying");
@@ -329,23 +329,22 @@ impl Elections {
                     }
                     Err(e) => {
                         tracing::warn!(key = r.key, attempt, error = %e, "lost: renewal failed");
-                        return self.give_up(&r).await;
+                        return Self::give_up(&r);
                     }
                 }
             }
         }
     }
 
-    /// Ends a lease from inside its renewal loop: fire *lost* at once, then delete our record
-    /// (a foreign one is left alone by the comparison). The entry stays in the map until
-    /// [`Elections::release`] or [`Elections::cleanup`] joins this loop.
-    async fn give_up(&self, r: &Renewal) {
+    /// Ends a lease from inside its renewal loop: fire *lost* at once and stop renewing.
+    ///
+    /// The record is deliberately left in place: the services of this lease may still be
+    /// running (a guest can ignore the stop request), and deleting it now would let another
+    /// host take the slot while they do. The owner deletes it with [`Elections::release`] or
+    /// [`Elections::cleanup`] once its services are stopped; failing that it expires at
+    /// `last write + L`, after the killer's `+ 0.8·L`.
+    fn give_up(r: &Renewal) {
         r.lost.cancel();
-        tokio::select! {
-            // A release is under way and deletes the record itself.
-            () = r.stop.cancelled() => {}
-            () = self.delete_bounded(&r.key, &r.value, r.lease) => {}
-        }
     }
 }
 

@@ -260,13 +260,44 @@ async fn persistent_errors_lose_the_lease_after_exactly_three_attempts_l20_apart
         L / 4 + L / 10,
         "lost right after the third attempt"
     );
-    sleep(L).await;
+    // Lost, but the record stays until the owner has stopped its services and releases it:
+    // nobody else can take the slot while a guest of ours might still run.
+    assert_eq!(f.store.inner.get(KEY).await.unwrap().unwrap().value, ME);
+    sleep(Duration::from_secs(1)).await;
     assert_eq!(f.store.calls_of(Op::Cas).len(), 3, "no fourth attempt");
+    assert_eq!(f.killer.deadline(), Some(valid_until(t0, L)), "never moved");
+    f.elections.release(KEY).await;
     assert!(
         f.store.inner.get(KEY).await.unwrap().is_none(),
-        "the lease is released once lost"
+        "release deletes it"
     );
-    assert_eq!(f.killer.deadline(), Some(valid_until(t0, L)), "never moved");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_lease_is_not_handed_on_before_the_killer_deadline() {
+    let mem = mem_store();
+    let f = fixture_on(mem.clone());
+    let t0 = Instant::now();
+    let lead = f.elections.acquire(KEY, ME, L).await.unwrap().unwrap();
+    f.store.set_default(Op::Cas, Fault::Transient);
+    lead.lost().await;
+    // The owner never releases (its services ignore the stop): the slot stays taken until
+    // the record written at t0 expires at t0+L, after the killer's deadline at t0+0.8·L.
+    let standby = fixture_on(mem);
+    loop {
+        if standby
+            .elections
+            .acquire(KEY, "standby", L)
+            .await
+            .unwrap()
+            .is_some()
+        {
+            break;
+        }
+        sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(Instant::now() - t0, L, "taken over only at expiry");
+    assert!(f.killer.deadline().unwrap() < t0 + L);
 }
 
 #[tokio::test(start_paused = true)]
