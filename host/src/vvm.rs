@@ -338,6 +338,15 @@ impl Launcher {
         );
         loop {
             let mut wait = give_up_at.saturating_duration_since(Instant::now());
+            // Listen for releases *before* looking at the slots: a release between our look
+            // and our sleep would otherwise be missed, and we would sleep until its expiry.
+            let released = store.wait_released(wait);
+            tokio::pin!(released);
+            let released_already = tokio::select! {
+                biased;
+                () = &mut released => true,
+                () = std::future::ready(()) => false,
+            };
             let mut seen_live = false;
             for slot in 1..=config.cluster_size {
                 if self.shutdown.is_cancelled() {
@@ -377,9 +386,15 @@ impl Launcher {
                 // Released between our insert and our read: try again at once, but never spin.
                 wait = wait.max(Duration::from_millis(1));
             }
+            if released_already {
+                // The store answered at once (it cannot wait): do not spin on it.
+                wait = wait.max(Duration::from_millis(1));
+            }
+            // A release during the round has already completed `released`: look again at once.
             tokio::select! {
                 () = self.shutdown.cancelled() => return Ok(None),
-                () = store.wait_released(wait) => {}
+                () = &mut released, if !released_already => {}
+                () = tokio::time::sleep(wait) => {}
             }
         }
     }

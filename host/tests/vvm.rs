@@ -423,6 +423,37 @@ async fn three_slots_four_vvms_exactly_three_lead_and_the_fourth_takes_a_freed_s
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_release_while_the_standby_is_looking_is_not_missed() {
+    let mem = mem_store();
+    let journal = Journal::default();
+    let a = launch(&mem, &journal, "a");
+    leading(&a).await;
+    let t0 = Instant::now();
+    let cfg = config("b", 1);
+    let store = FaultyStore::new(mem.clone(), "b", &journal);
+    // b reads a's live record at t0, but the answer reaches it only at t0+1.
+    store.script(Op::Get, [Fault::DelayAfter(Duration::from_secs(1))]);
+    let services = RecordingServices::new("b", Behaviour::default(), &journal);
+    let (_, killer) = counting_killer();
+    let b = Vvm::provide(cfg, store, services)
+        .with_killer(killer)
+        .launch();
+    sleep(Duration::from_millis(500)).await;
+    assert_eq!(shut(a.vvm).await, None); // released at t0+0.5, while b is looking
+    let mut state = b.state();
+    state
+        .wait_for(|s| matches!(s, VvmState::Leading { .. }))
+        .await
+        .unwrap();
+    assert_eq!(
+        Instant::now() - t0,
+        Duration::from_secs(1),
+        "not at a's expiry (t0+20)"
+    );
+    assert_eq!(shut(b).await, None);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_standby_takes_over_exactly_when_a_crashed_leaders_record_expires() {
     let mem = mem_store();
     let journal = Journal::default();
