@@ -18,6 +18,9 @@ const RENEW_DIVISOR: u32 = 4;
 const RETRY_DIVISOR: u32 = 20;
 /// Renewal attempts per tick before the lease is given up.
 const CAS_ATTEMPTS: u32 = 3;
+/// A release waits at most `L / RELEASE_DIVISOR` for the store to delete the record: past that
+/// the record expires on its own, and a stalled store must not hang the shutdown sequence.
+const RELEASE_DIVISOR: u32 = 4;
 
 /// The local lease deadline for a write that started at `start`: `start + 0.8·L`.
 pub fn valid_until(start: Instant, lease: Duration) -> Instant {
@@ -75,11 +78,27 @@ pub struct Elections {
 struct State {
     cleaned_up: bool,
     held: HashMap<String, Held>,
+    /// Acquisitions dropped while their insert was in flight (key → value, lease): the write
+    /// may still land in the store, so cleanup deletes our record there.
+    abandoned: HashMap<String, (String, Duration)>,
+}
+
+impl State {
+    /// The earliest local deadline of every lease still held (lost ones included, until they
+    /// are released: their services may still run), or `also` if earlier.
+    fn earliest_deadline(&self, also: Instant) -> Instant {
+        self.held
+            .values()
+            .map(|h| h.deadline.get())
+            .fold(also, Instant::min)
+    }
 }
 
 /// A lease this instance holds, with its renewal loop.
 struct Held {
     value: String,
+    lease: Duration,
+    deadline: LeaseDeadline,
     stop: CancellationToken,
     lost: CancellationToken,
     renewal: JoinHandle<()>,
@@ -153,10 +172,29 @@ impl Elections {
             return Err(ElectionError::CleanedUp);
         }
         let start = Instant::now();
-        let Some(term) = self.store.insert_if_absent(key, value, lease).await? else {
+        let inserted = {
+            // If the caller drops this future mid-write, cleanup still deletes our record.
+            let guard = InFlight {
+                elections: self,
+                key,
+                value,
+                lease,
+            };
+            let inserted = self.store.insert_if_absent(key, value, lease).await;
+            std::mem::forget(guard);
+            inserted?
+        };
+        let Some(term) = inserted else {
             return Ok(None);
         };
         let until = valid_until(start, lease);
+        if Instant::now() >= until {
+            // The write took so long that the lease is already past its local deadline: arming
+            // the killer now would end a process that runs no service. Give it straight back.
+            tracing::warn!(key, term, "acquired too late to use; releasing");
+            self.delete_bounded(key, value, lease).await;
+            return Ok(None);
+        }
         let (deadline_tx, deadline) = LeaseDeadline::manual(until);
         let lost = CancellationToken::new();
         let registered = {
@@ -165,7 +203,8 @@ impl Elections {
                 false
             } else {
                 // Armed under the lock, so cleanup cannot slip between arming and recording.
-                self.killer.arm(until);
+                // With several leases the killer keeps the earliest deadline of them all.
+                self.killer.arm(state.earliest_deadline(until));
                 let stop = CancellationToken::new();
                 let renewal = tokio::spawn(Arc::clone(self).renew(Renewal {
                     key: key.to_owned(),
@@ -178,19 +217,20 @@ impl Elections {
                 }));
                 let held = Held {
                     value: value.to_owned(),
+                    lease,
+                    deadline: deadline.clone(),
                     stop,
                     lost: lost.clone(),
                     renewal,
                 };
+                state.abandoned.remove(key);
                 state.held.insert(key.to_owned(), held);
                 true
             }
         };
         if !registered {
             // Cleanup ran during the write: give the lease straight back.
-            if let Err(e) = self.store.compare_and_delete(key, value).await {
-                tracing::warn!(key, error = %e, "release after late acquisition failed");
-            }
+            self.delete_bounded(key, value, lease).await;
             return Err(ElectionError::CleanedUp);
         }
         tracing::info!(key, term, lease_ms = lease.as_millis(), "acquired");
@@ -209,10 +249,7 @@ impl Elections {
             return;
         };
         held.stop.cancel();
-        match self.store.compare_and_delete(key, &held.value).await {
-            Ok(deleted) => tracing::info!(key, deleted, "released"),
-            Err(e) => tracing::warn!(key, error = %e, "release failed; the record will expire"),
-        }
+        self.delete_bounded(key, &held.value, held.lease).await;
         held.lost.cancel();
         // The loop ends at its next await point; it never panics on its own.
         let _ = held.renewal.await;
@@ -220,14 +257,31 @@ impl Elections {
 
     /// Refuses new acquisitions from now on, releases every lease, and returns when every
     /// renewal loop has ended. Leaves the killer armed: disarming is the caller's last step.
+    /// Bounded even if the store stalls: each delete waits at most `L/4`.
     pub async fn cleanup(&self) {
-        let keys: Vec<String> = {
+        let (keys, abandoned): (Vec<String>, Vec<_>) = {
             let mut state = self.lock();
             state.cleaned_up = true;
-            state.held.keys().cloned().collect()
+            (
+                state.held.keys().cloned().collect(),
+                state.abandoned.drain().collect(),
+            )
         };
         for key in keys {
             self.release(&key).await;
+        }
+        for (key, (value, lease)) in abandoned {
+            self.delete_bounded(&key, &value, lease).await;
+        }
+    }
+
+    /// Deletes our record under `key`, waiting at most `L/4`: past that it expires anyway.
+    async fn delete_bounded(&self, key: &str, value: &str, lease: Duration) {
+        let delete = self.store.compare_and_delete(key, value);
+        match tokio::time::timeout(lease / RELEASE_DIVISOR, delete).await {
+            Ok(Ok(deleted)) => tracing::info!(key, deleted, "released"),
+            Ok(Err(e)) => tracing::warn!(key, error = %e, "release failed; the record will expire"),
+            Err(_) => tracing::warn!(key, "release timed out; the record will expire"),
         }
     }
 
@@ -250,16 +304,20 @@ impl Elections {
                 match outcome {
                     Ok(true) => {
                         let until = valid_until(cas_start, r.lease);
-                        // Only a successful write moves the deadlines later.
-                        self.killer.arm(until);
+                        // Only a successful write moves the deadlines later; the killer keeps
+                        // the earliest deadline of every lease held.
                         r.deadline.send_replace(until);
+                        {
+                            let state = self.lock();
+                            self.killer.arm(state.earliest_deadline(until));
+                        }
                         r.last_start = cas_start;
                         tracing::debug!(key = r.key, "renewed");
                         break;
                     }
                     Ok(false) => {
                         tracing::warn!(key = r.key, "lost: the record changed or expired");
-                        return self.give_up(&r).await;
+                        return Self::give_up(&r);
                     }
                     Err(e) if attempt < CAS_ATTEMPTS => {
                         tracing::warn!(key = r.key, attempt, error = %e, "renewal failed, retrying");
@@ -271,21 +329,42 @@ impl Elections {
                     }
                     Err(e) => {
                         tracing::warn!(key = r.key, attempt, error = %e, "lost: renewal failed");
-                        return self.give_up(&r).await;
+                        return Self::give_up(&r);
                     }
                 }
             }
         }
     }
 
-    /// Ends a lease from inside its renewal loop: fire *lost* at once, then delete our record
-    /// (a foreign one is left alone by the comparison). The entry stays in the map until
-    /// [`Elections::release`] or [`Elections::cleanup`] joins this loop.
-    async fn give_up(&self, r: &Renewal) {
+    /// Ends a lease from inside its renewal loop: fire *lost* at once and stop renewing.
+    ///
+    /// The record is deliberately left in place: the services of this lease may still be
+    /// running (a guest can ignore the stop request), and deleting it now would let another
+    /// host take the slot while they do. The owner deletes it with [`Elections::release`] or
+    /// [`Elections::cleanup`] once its services are stopped; failing that it expires at
+    /// `last write + L`, after the killer's `+ 0.8·L`.
+    fn give_up(r: &Renewal) {
         r.lost.cancel();
-        if let Err(e) = self.store.compare_and_delete(&r.key, &r.value).await {
-            tracing::warn!(key = r.key, error = %e, "release after loss failed");
-        }
+    }
+}
+
+/// Marks an insert in flight: dropped before it is forgotten (the caller dropped `acquire`
+/// mid-write), it records the key so [`Elections::cleanup`] deletes a record that may have
+/// landed after all.
+struct InFlight<'a> {
+    elections: &'a Elections,
+    key: &'a str,
+    value: &'a str,
+    lease: Duration,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        tracing::debug!(key = self.key, "acquisition abandoned mid-write");
+        self.elections
+            .lock()
+            .abandoned
+            .insert(self.key.to_owned(), (self.value.to_owned(), self.lease));
     }
 }
 

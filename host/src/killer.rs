@@ -186,6 +186,7 @@ fn ms_until(deadline: Instant) -> u128 {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;

@@ -1,5 +1,6 @@
 //! The VVM lifecycle (SPEC §5): provide, launch, leadership monitor, problem, ordered shutdown.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -104,16 +105,24 @@ impl Default for VvmConfig {
     }
 }
 
-/// A holder value unique per process run, not just per machine: `host/pid/start-nanos`.
+/// A holder value unique per process run, not just per machine: `host/pid/start-nanos/seq`.
+///
+/// The pid tells processes on one machine apart, the nanos of the first call tell apart runs
+/// that reuse a pid, and `seq` counts calls so two VVMs in one process never share a value.
 pub fn holder_value() -> String {
-    let host = rustix::system::uname()
-        .nodename()
-        .to_string_lossy()
-        .into_owned();
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!("{host}/{}/{nanos:x}", std::process::id())
+    static RUN: OnceLock<String> = OnceLock::new();
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let run = RUN.get_or_init(|| {
+        let host = rustix::system::uname()
+            .nodename()
+            .to_string_lossy()
+            .into_owned();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        format!("{host}/{}/{nanos:x}", std::process::id())
+    });
+    format!("{run}/{}", SEQ.fetch_add(1, Ordering::Relaxed))
 }
 
 /// The store key of slot `slot`.
@@ -238,7 +247,18 @@ impl Launcher {
         let elections = Elections::new(Arc::clone(store), Arc::clone(killer));
         let mut monitor = None;
         let mut running = None;
-        match self.campaign(&elections).await {
+        // Shutdown may come while a store call hangs: stop campaigning at once. An insert
+        // dropped mid-write is remembered by the elections, whose cleanup deletes it.
+        let campaign = tokio::select! {
+            biased;
+            () = self.shutdown.cancelled() => Ok(None),
+            campaign = self.campaign(&elections) => campaign,
+        };
+        match campaign {
+            // A slot won just as shutdown began: start nothing, the cleanup below releases it.
+            Ok(Some((slot, _))) if self.shutdown.is_cancelled() => {
+                tracing::info!(slot, "acquired during shutdown; not starting services");
+            }
             Ok(Some((slot, leadership))) => {
                 let term = leadership.term();
                 tracing::info!(slot, term, "leading");
@@ -318,6 +338,15 @@ impl Launcher {
         );
         loop {
             let mut wait = give_up_at.saturating_duration_since(Instant::now());
+            // Listen for releases *before* looking at the slots: a release between our look
+            // and our sleep would otherwise be missed, and we would sleep until its expiry.
+            let released = store.wait_released(wait);
+            tokio::pin!(released);
+            let released_already = tokio::select! {
+                biased;
+                () = &mut released => true,
+                () = std::future::ready(()) => false,
+            };
             let mut seen_live = false;
             for slot in 1..=config.cluster_size {
                 if self.shutdown.is_cancelled() {
@@ -357,9 +386,15 @@ impl Launcher {
                 // Released between our insert and our read: try again at once, but never spin.
                 wait = wait.max(Duration::from_millis(1));
             }
+            if released_already {
+                // The store answered at once (it cannot wait): do not spin on it.
+                wait = wait.max(Duration::from_millis(1));
+            }
+            // A release during the round has already completed `released`: look again at once.
             tokio::select! {
                 () = self.shutdown.cancelled() => return Ok(None),
-                () = store.wait_released(wait) => {}
+                () = &mut released, if !released_already => {}
+                () = tokio::time::sleep(wait) => {}
             }
         }
     }

@@ -1,0 +1,643 @@
+//! The VVM lifecycle (SPEC §5) through the public API, with recording doubles, on paused time.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::{
+    Behaviour, Fault, FaultyStore, Journal, Op, RecordingServices, counting_killer, mem_store,
+};
+use tokio::time::{Instant, sleep};
+use vvm_host::killer::{KILLER_EXIT_CODE, Killer};
+use vvm_host::store::{MemStore, TtlStore};
+use vvm_host::vvm::{LaunchedVvm, Problem, ProblemReporter, Vvm, VvmConfig, VvmState};
+
+const L: Duration = Duration::from_secs(20);
+const MS: Duration = Duration::from_millis(1);
+
+struct Host {
+    vvm: LaunchedVvm,
+    store: Arc<FaultyStore>,
+    services: Arc<RecordingServices>,
+    killer: Arc<Killer>,
+    fired: Arc<AtomicUsize>,
+}
+
+fn config(holder: &str, slots: u32) -> VvmConfig {
+    VvmConfig {
+        cluster_size: slots,
+        lease: L,
+        acquisition_timeout: Duration::from_secs(120),
+        holder: holder.to_owned(),
+    }
+}
+
+fn launch_with(mem: &MemStore, journal: &Journal, config: VvmConfig, b: Behaviour) -> Host {
+    let name = config.holder.clone();
+    let store = FaultyStore::new(mem.clone(), &name, journal);
+    let services = RecordingServices::new(&name, b, journal);
+    let (fired, killer) = counting_killer();
+    let vvm = Vvm::provide(config, store.clone(), services.clone())
+        .with_killer(Arc::clone(&killer))
+        .launch();
+    Host {
+        vvm,
+        store,
+        services,
+        killer,
+        fired,
+    }
+}
+
+fn launch(mem: &MemStore, journal: &Journal, holder: &str) -> Host {
+    launch_with(mem, journal, config(holder, 1), Behaviour::default())
+}
+
+/// Waits until the VVM leads and returns its slot.
+async fn leading(h: &Host) -> u32 {
+    let mut state = h.vvm.state();
+    let s = state
+        .wait_for(|s| matches!(s, VvmState::Leading { .. }))
+        .await
+        .unwrap()
+        .clone();
+    match s {
+        VvmState::Leading { slot, .. } => slot,
+        _ => unreachable!(),
+    }
+}
+
+/// Shuts down, failing (not hanging) if the sequence does not end.
+async fn shut(vvm: LaunchedVvm) -> Option<Problem> {
+    tokio::time::timeout(L * 10, vvm.shutdown())
+        .await
+        .expect("the shutdown sequence hangs")
+}
+
+/// Lets every ready task run without moving the clock.
+async fn settle() {
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+}
+
+async fn record(mem: &MemStore, slot: u32) -> Option<String> {
+    mem.get(&format!("slot/{slot}"))
+        .await
+        .unwrap()
+        .map(|r| r.value)
+}
+
+fn assert_order(journal: &Journal, before: &str, after: &str) {
+    let (b, a) = (journal.last(before), journal.first(after));
+    assert!(
+        b.is_some() && a.is_some() && b < a,
+        "expected every {before:?} before {after:?}:\n{}",
+        journal.dump()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn provide_starts_nothing() {
+    let journal = Journal::default();
+    let store = FaultyStore::new(mem_store(), "a", &journal);
+    let services = RecordingServices::new("a", Behaviour::default(), &journal);
+    let vvm = Vvm::provide(config("a", 1), store.clone(), services.clone());
+    sleep(L).await;
+    assert!(store.calls().is_empty());
+    assert!(journal.events().is_empty());
+    drop(vvm);
+}
+
+#[tokio::test(start_paused = true)]
+async fn start_and_stop_deletes_the_lease_record_and_disarms_the_killer() {
+    let mem = mem_store();
+    let journal = Journal::default();
+    let h = launch(&mem, &journal, "a");
+    assert_eq!(leading(&h).await, 1);
+    settle().await;
+    assert_eq!(h.services.running(), 1);
+    let ctx = h.services.last_context().unwrap();
+    assert_eq!((ctx.lease.slot, ctx.lease.term), (1, 1));
+    assert_eq!(ctx.lease.holder, "a");
+    assert_eq!(ctx.lease.key, "slot/1");
+    assert!(h.killer.deadline().is_some(), "armed while leading");
+    sleep(L * 3).await;
+    assert_eq!(
+        record(&mem, 1).await.as_deref(),
+        Some("a"),
+        "kept by renewals"
+    );
+
+    let state = h.vvm.state();
+    assert_eq!(shut(h.vvm).await, None);
+    assert_eq!(*state.borrow(), VvmState::ShutDown);
+    assert_eq!(
+        record(&mem, 1).await,
+        None,
+        "shutdown deletes the lease record"
+    );
+    assert_eq!(h.services.running(), 0);
+    assert_eq!(h.killer.deadline(), None, "disarmed");
+    assert_eq!(h.fired.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn services_start_only_once_the_slot_is_held_and_stop_before_the_record_is_deleted() {
+    let mem = mem_store();
+    let journal = Journal::default();
+    let h = launch(&mem, &journal, "a");
+    leading(&h).await;
+    settle().await;
+    shut(h.vvm).await;
+    assert_order(&journal, "a Insert slot/1 -> Ok(true)", "a start begin");
+    assert_order(&journal, "a stopped", "a Delete slot/1 -> Ok(true)");
+    assert_eq!(h.killer.deadline(), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_second_vvm_on_one_slot_gets_the_acquisition_timeout_without_polling_blindly() {
+    let mem = mem_store();
+    let journal = Journal::default();
+    let a = launch(&mem, &journal, "a");
+    leading(&a).await;
+    let t0 = Instant::now();
+    let mut cfg = config("b", 1);
+    cfg.acquisition_timeout = Duration::from_secs(30);
+    let b = launch_with(&mem, &journal, cfg, Behaviour::default());
+    let problem = b.vvm.problems().wait().await;
+    assert_eq!(
+        problem,
+        Problem::AcquisitionTimeout {
+            slots: 1,
+            timeout: Duration::from_secs(30)
+        }
+    );
+    assert_eq!(Instant::now() - t0, Duration::from_secs(30));
+    // Tried at 0, at the expiry it saw (20 s; renewed meanwhile) and at the timeout.
+    let tries = b.store.calls_of(Op::Insert);
+    assert!(tries.len() <= 4, "polled {} times", tries.len());
+    assert!(journal.first("b start begin").is_none());
+    assert_eq!(b.killer.deadline(), None, "never armed");
+    assert_eq!(shut(b.vvm).await, Some(problem));
+    assert_eq!(shut(a.vvm).await, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_service_that_fails_to_start_is_a_problem() {
+    let mem = mem_store();
+    let journal = Journal::default();
+    let b = Behaviour {
+        fail_start: Some("bad component".into()),
+        ..Behaviour::default()
+    };
+    let h = launch_with(&mem, &journal, config("a", 1), b);
+    let problem = h.vvm.problems().wait().await;
+    assert_eq!(
+        problem,
+        Problem::Service {
+            name: "double".into(),
+            reason: "bad component".into()
+        }
+    );
+    assert_eq!(shut(h.vvm).await, Some(problem));
+    assert_eq!(record(&mem, 1).await, None);
+    assert_eq!(h.killer.deadline(), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn leadership_loss_is_a_problem_and_tells_the_services_to_stop() {
+    let mem = mem_store();
+    let journal = Journal::default();
+    let h = launch(&mem, &journal, "a");
+    leading(&h).await;
+    settle().await;
+    let t0 = Instant::now();
+    let ctx = h.services.last_context().unwrap();
+    assert!(mem.compare_and_delete("slot/1", "a").await.unwrap());
+    assert_eq!(h.vvm.problems().wait().await, Problem::LeadershipLost);
+    assert_eq!(Instant::now() - t0, L / 4, "noticed at the next renewal");
+    assert!(
+        ctx.stopping.is_cancelled(),
+        "services hear the stop at once"
+    );
+    assert_eq!(shut(h.vvm).await, Some(Problem::LeadershipLost));
+    assert!(journal.first("a stop begin stopping=true").is_some());
+    assert_eq!(h.services.running(), 0);
+    assert_eq!(h.killer.deadline(), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn update_problem_keeps_the_first_and_ignores_later_ones() {
+    let problems = ProblemReporter::default();
+    assert_eq!(problems.get(), None);
+    assert!(problems.report(Problem::LeadershipLost));
+    assert!(!problems.report(Problem::Store("later".into())));
+    assert_eq!(problems.wait().await, Problem::LeadershipLost);
+    assert_eq!(problems.get(), Some(Problem::LeadershipLost));
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_right_after_launch_ends_cleanly() {
+    let mem = mem_store();
+    let journal = Journal::default();
+    let h = launch(&mem, &journal, "a");
+    assert_eq!(shut(h.vvm).await, None);
+    assert!(journal.first("a start begin").is_none());
+    assert_eq!(record(&mem, 1).await, None);
+    assert_eq!(h.killer.deadline(), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_while_campaigning_ends_at_once() {
+    let mem = mem_store();
+    let journal = Journal::default();
+    let a = launch(&mem, &journal, "a");
+    leading(&a).await;
+    let b = launch(&mem, &journal, "b");
+    sleep(Duration::from_secs(7)).await;
+    let t = Instant::now();
+    assert_eq!(shut(b.vvm).await, None);
+    assert_eq!(Instant::now(), t, "no wait");
+    assert!(journal.first("b start begin").is_none());
+    assert_eq!(
+        record(&mem, 1).await.as_deref(),
+        Some("a"),
+        "a's lease untouched"
+    );
+    shut(a.vvm).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_while_an_acquisition_hangs_ends_and_cleans_up_the_write() {
+    let mem = mem_store();
+    let journal = Journal::default();
+    let cfg = config("a", 1);
+    let store = FaultyStore::new(mem.clone(), "a", &journal);
+    store.script(Op::Insert, [Fault::Stall]);
+    let services = RecordingServices::new("a", Behaviour::default(), &journal);
+    let (_, killer) = counting_killer();
+    let vvm = Vvm::provide(cfg, store.clone(), services)
+        .with_killer(Arc::clone(&killer))
+        .launch();
+    sleep(Duration::from_secs(3)).await;
+    assert_eq!(store.calls_of(Op::Insert).len(), 1, "the insert hangs");
+    let t = Instant::now();
+    assert_eq!(shut(vvm).await, None);
+    assert_eq!(Instant::now(), t, "no wait for the hung insert");
+    assert!(journal.first("a start begin").is_none());
+    // The insert may have landed on a real store: cleanup deletes our record there.
+    assert_eq!(store.calls_of(Op::Delete).len(), 1);
+    assert_eq!(killer.deadline(), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_during_a_slow_service_start_cuts_it_short_and_ends_in_order() {
+    let mem = mem_store();
+    let journal = Journal::default();
+    let b = Behaviour {
+        slow_start: Duration::from_secs(10),
+        ..Behaviour::default()
+    };
+    let h = launch_with(&mem, &journal, config("a", 1), b);
+    leading(&h).await;
+    sleep(Duration::from_secs(1)).await;
+    assert!(journal.first("a start begin").is_some());
+    let t = Instant::now();
+    assert_eq!(shut(h.vvm).await, None);
+    assert_eq!(Instant::now(), t);
+    assert_order(&journal, "a start cut short", "a stop begin");
+    assert_order(&journal, "a stopped", "a Delete slot/1 -> Ok(true)");
+    assert_eq!(h.services.running(), 0);
+    assert_eq!(h.killer.deadline(), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_during_a_slow_service_stop_waits_for_it_and_ends_in_order() {
+    let mem = mem_store();
+    let journal = Journal::default();
+    let b = Behaviour {
+        slow_stop: Duration::from_secs(4),
+        ..Behaviour::default()
+    };
+    let h = launch_with(&mem, &journal, config("a", 1), b);
+    leading(&h).await;
+    settle().await;
+    let t = Instant::now();
+    let killer = Arc::clone(&h.killer);
+    assert_eq!(shut(h.vvm).await, None);
+    assert_eq!(Instant::now() - t, Duration::from_secs(4));
+    assert_order(&journal, "a stopped", "a Delete slot/1 -> Ok(true)");
+    assert_eq!(killer.deadline(), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_a_leadership_loss_the_record_stays_until_the_services_have_stopped() {
+    let mem = mem_store();
+    let journal = Journal::default();
+    let b = Behaviour {
+        slow_stop: Duration::from_secs(2),
+        ..Behaviour::default()
+    };
+    let h = launch_with(&mem, &journal, config("a", 1), b);
+    leading(&h).await;
+    h.store.set_default(Op::Cas, Fault::Transient);
+    sleep(L / 4 + L / 10 + MS).await; // lost at the third failed attempt
+    assert_eq!(h.vvm.problems().get(), Some(Problem::LeadershipLost));
+    h.store.set_default(Op::Cas, Fault::Pass);
+    assert_eq!(
+        record(&mem, 1).await.as_deref(),
+        Some("a"),
+        "kept until stopped"
+    );
+    assert_eq!(shut(h.vvm).await, Some(Problem::LeadershipLost));
+    assert_order(&journal, "a stopped", "a Delete slot/1 -> Ok(true)");
+    assert_eq!(record(&mem, 1).await, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_during_renewal_retries_ends_cleanly_without_a_problem() {
+    let mem = mem_store();
+    let journal = Journal::default();
+    let h = launch(&mem, &journal, "a");
+    leading(&h).await;
+    h.store.set_default(Op::Cas, Fault::Transient);
+    sleep(L / 4 + L / 40).await; // between the first failed attempt and its retry
+    h.store.set_default(Op::Cas, Fault::Pass);
+    let cas = h.store.calls_of(Op::Cas).len();
+    assert_eq!(
+        shut(h.vvm).await,
+        None,
+        "a shutdown is not a leadership loss"
+    );
+    assert_eq!(
+        h.store.calls_of(Op::Cas).len(),
+        cas,
+        "no retry after shutdown"
+    );
+    assert_order(&journal, "a stopped", "a Delete slot/1 -> Ok(true)");
+    assert_eq!(record(&mem, 1).await, None);
+    assert_eq!(h.killer.deadline(), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn three_slots_four_vvms_exactly_three_lead_and_the_fourth_takes_a_freed_slot_at_once() {
+    let mem = mem_store();
+    let journal = Journal::default();
+    let mut hosts = Vec::new();
+    for name in ["a", "b", "c"] {
+        let h = launch_with(&mem, &journal, config(name, 3), Behaviour::default());
+        leading(&h).await;
+        hosts.push(h);
+    }
+    let d = launch_with(&mem, &journal, config("d", 3), Behaviour::default());
+    sleep(L * 2).await; // renewals go on; d keeps campaigning
+    let slots: Vec<u32> = {
+        let mut s = Vec::new();
+        for h in &hosts {
+            s.push(leading(h).await);
+        }
+        s
+    };
+    assert_eq!(slots, vec![1, 2, 3]);
+    assert_eq!(*d.vvm.state().borrow(), VvmState::Campaigning);
+    assert!(journal.first("d start begin").is_none());
+    // Stop the holder of slot 2: d takes slot 2 as soon as its record is deleted.
+    let b = hosts.remove(1);
+    shut(b.vvm).await;
+    let released = Instant::now();
+    assert_eq!(leading(&d).await, 2);
+    assert!(
+        Instant::now() - released < MS,
+        "woken by the release, not by expiry"
+    );
+    settle().await;
+    assert_eq!(d.services.running(), 1);
+    for h in hosts {
+        assert_eq!(shut(h.vvm).await, None);
+    }
+    assert_eq!(shut(d.vvm).await, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_release_while_the_standby_is_looking_is_not_missed() {
+    let mem = mem_store();
+    let journal = Journal::default();
+    let a = launch(&mem, &journal, "a");
+    leading(&a).await;
+    let t0 = Instant::now();
+    let cfg = config("b", 1);
+    let store = FaultyStore::new(mem.clone(), "b", &journal);
+    // b reads a's live record at t0, but the answer reaches it only at t0+1.
+    store.script(Op::Get, [Fault::DelayAfter(Duration::from_secs(1))]);
+    let services = RecordingServices::new("b", Behaviour::default(), &journal);
+    let (_, killer) = counting_killer();
+    let b = Vvm::provide(cfg, store, services)
+        .with_killer(killer)
+        .launch();
+    sleep(Duration::from_millis(500)).await;
+    assert_eq!(shut(a.vvm).await, None); // released at t0+0.5, while b is looking
+    let mut state = b.state();
+    state
+        .wait_for(|s| matches!(s, VvmState::Leading { .. }))
+        .await
+        .unwrap();
+    assert_eq!(
+        Instant::now() - t0,
+        Duration::from_secs(1),
+        "not at a's expiry (t0+20)"
+    );
+    assert_eq!(shut(b).await, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_standby_takes_over_exactly_when_a_crashed_leaders_record_expires() {
+    let mem = mem_store();
+    let journal = Journal::default();
+    let a = launch(&mem, &journal, "a");
+    leading(&a).await;
+    let t0 = Instant::now();
+    let b = launch(&mem, &journal, "b");
+    // a crashes at t0+7: its last renewal was at t0+5, so its record expires at t0+25.
+    sleep(Duration::from_secs(7)).await;
+    a.store.stall_everything();
+    let last_write = a
+        .store
+        .calls()
+        .iter()
+        .filter(|c| c.result == Some(Ok(true)) && c.op == Op::Cas)
+        .map(|c| c.start)
+        .max()
+        .unwrap();
+    assert_eq!(last_write - t0, L / 4);
+    assert_eq!(leading(&b).await, 1);
+    assert_eq!(
+        Instant::now(),
+        last_write + L,
+        "not before expiry, and not later"
+    );
+    let won = b.store.calls_of(Op::Insert);
+    assert!(
+        won[..won.len() - 1]
+            .iter()
+            .all(|c| c.result == Some(Ok(false)))
+    );
+    assert!(
+        won.len() <= 4,
+        "slept until expiries, tried {} times",
+        won.len()
+    );
+    assert_eq!(shut(b.vvm).await, None);
+    // a's shutdown is bounded even though its store hangs.
+    shut(a.vvm).await;
+    assert_eq!(a.killer.deadline(), None);
+}
+
+// ---- no leaks ----------------------------------------------------------------------------
+
+fn count_dir(path: &str) -> usize {
+    std::fs::read_dir(path).unwrap().count()
+}
+
+/// Child: 1000 launch/shutdown cycles, then tasks, threads and fds are back where they were.
+#[test]
+fn no_task_thread_or_fd_outlives_a_thousand_launch_shutdown_cycles() {
+    if !common::is_child() {
+        let (out, _) =
+            common::run_child("no_task_thread_or_fd_outlives_a_thousand_launch_shutdown_cycles");
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("cycles=1000"));
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mem = mem_store();
+        let cycle = async || {
+            let journal = Journal::default();
+            let h = launch(&mem, &journal, "a");
+            leading(&h).await;
+            settle().await;
+            assert_eq!(h.services.running(), 1);
+            sleep(L / 2 + MS).await; // two renewals
+            assert_eq!(shut(h.vvm).await, None);
+            assert_eq!(h.killer.deadline(), None);
+        };
+        cycle().await;
+        settle().await;
+        let handle = tokio::runtime::Handle::current();
+        let before = (
+            handle.metrics().num_alive_tasks(),
+            count_dir("/proc/self/task"),
+            count_dir("/proc/self/fd"),
+        );
+        for _ in 0..1000 {
+            cycle().await;
+        }
+        settle().await;
+        let after = (
+            handle.metrics().num_alive_tasks(),
+            count_dir("/proc/self/task"),
+            count_dir("/proc/self/fd"),
+        );
+        assert_eq!(before, after, "(tasks, threads, fds) before vs after");
+        println!("cycles=1000 tasks/threads/fds={after:?}");
+    });
+}
+
+// ---- the real killer ends a VVM whose services ignore the stop -------------------------------
+
+/// Child: a VVM with the real killer and a 2 s lease loses its leadership (the store's CAS
+/// fails), and its services ignore the stop, so shutdown hangs. A standby in the same process
+/// tries to take the slot every 10 ms. The killer must end the process before it can.
+#[test]
+fn the_real_killer_ends_a_vvm_whose_services_ignore_the_stop_before_the_lease_passes_on() {
+    const LEASE: Duration = Duration::from_secs(2);
+    if common::is_child() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mem = mem_store();
+            let journal = Journal::default();
+            let store = FaultyStore::new(mem.clone(), "a", &journal);
+            let b = Behaviour {
+                ignore_stop: true,
+                ..Behaviour::default()
+            };
+            let services = RecordingServices::new("a", b, &journal);
+            let mut cfg = config("a", 1);
+            cfg.lease = LEASE;
+            let vvm = Vvm::provide(cfg, store.clone(), services).launch();
+            let mut state = vvm.state();
+            state
+                .wait_for(|s| matches!(s, VvmState::Leading { .. }))
+                .await
+                .unwrap();
+            store.set_default(Op::Cas, Fault::Transient);
+            let problem = vvm.problems().wait().await;
+            assert_eq!(problem, Problem::LeadershipLost);
+            let last_success = store
+                .calls()
+                .iter()
+                .filter(|c| c.result == Some(Ok(true)) && matches!(c.op, Op::Insert | Op::Cas))
+                .map(|c| c.start)
+                .max()
+                .unwrap();
+            println!(
+                "last_success_ms={}",
+                common::unix_ms(common::wall_of(last_success))
+            );
+            // A standby polls the shared store directly.
+            tokio::spawn(async move {
+                loop {
+                    if mem
+                        .insert_if_absent("slot/1", "standby", LEASE)
+                        .await
+                        .unwrap()
+                        .is_some()
+                    {
+                        println!(
+                            "taken_over_ms={}",
+                            common::unix_ms(std::time::SystemTime::now())
+                        );
+                    }
+                    sleep(Duration::from_millis(10)).await;
+                }
+            });
+            vvm.shutdown().await; // hangs in the services' stop
+            println!("shutdown returned");
+        });
+        std::process::exit(0);
+    }
+    let name =
+        "the_real_killer_ends_a_vvm_whose_services_ignore_the_stop_before_the_lease_passes_on";
+    let (out, exited) = common::run_child(name);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(KILLER_EXIT_CODE), "{stdout}");
+    assert!(!stdout.contains("shutdown returned"), "{stdout}");
+    assert!(
+        !stdout.contains("taken_over_ms"),
+        "the lease passed on: {stdout}"
+    );
+    let last = common::reported(&out.stdout, "last_success_ms").unwrap();
+    let lived = common::unix_ms(exited) - last;
+    assert!(
+        lived >= 1590,
+        "fired too early: {lived} ms after the last write"
+    );
+    assert!(lived < 2000, "the record could have expired: {lived} ms");
+}
