@@ -117,6 +117,9 @@ pub trait TtlStore: Send + Sync {
     /// Returns when a record of this store may have been released or deleted (by this process
     /// or another), or after `max` at the latest. Spurious wake-ups are allowed: callers look
     /// again with [`TtlStore::get`]. Lets a campaigner wait without polling blindly.
+    ///
+    /// Interest is registered at the future's first poll: a release after that poll wakes it,
+    /// so a caller can poll once, look at the records, then wait without missing a release.
     async fn wait_released(&self, max: Duration);
 }
 
