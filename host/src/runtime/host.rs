@@ -245,3 +245,116 @@ impl kv::Host for Host {
         )
     }
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::*;
+    use crate::store::{ManualClock, MemStore, TtlStore};
+
+    /// The environment of a service `svc` leading `slot/1` in a fresh store, with a deadline
+    /// the returned sender moves.
+    pub(crate) async fn env() -> (tokio::sync::watch::Sender<Instant>, Arc<ServiceEnv>) {
+        let store = MemStore::new(Arc::new(ManualClock::default()));
+        let lease = Duration::from_secs(20);
+        let term = store
+            .insert_if_absent("slot/1", "me", lease)
+            .await
+            .unwrap()
+            .unwrap();
+        let (tx, deadline) = LeaseDeadline::manual(Instant::now() + Duration::from_secs(60));
+        let env = ServiceEnv {
+            name: "svc".into(),
+            lease: LeaseInfo {
+                slot: 1,
+                key: "slot/1".into(),
+                holder: "me".into(),
+                term,
+                lease,
+            },
+            deadline,
+            stopping: CancellationToken::new(),
+            problems: ProblemReporter::default(),
+            store: Arc::new(store),
+        };
+        (tx, Arc::new(env))
+    }
+
+    fn host(env: &Arc<ServiceEnv>) -> Host {
+        Host {
+            env: Arc::clone(env),
+            wasi: WasiCtxBuilder::new().build(),
+            table: ResourceTable::new(),
+            limits: StoreLimits::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn effects_before_the_deadline_take_effect() {
+        let (_tx, env) = env().await;
+        let mut h = host(&env);
+        lease::Host::report_problem(&mut h, "bad".into())
+            .await
+            .unwrap();
+        assert_eq!(
+            env.problems.get(),
+            Some(Problem::Service {
+                name: "svc".into(),
+                reason: "bad".into()
+            })
+        );
+        kv::Host::set(&mut h, "k".into(), b"v".to_vec())
+            .await
+            .unwrap()
+            .unwrap();
+        let got = kv::Host::get(&mut h, "k".into()).await.unwrap().unwrap();
+        assert_eq!(got, Some(b"v".to_vec()));
+        log::Host::log(&mut h, log::Level::Info, "hi".into())
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn effects_after_the_deadline_trap_and_do_nothing() {
+        let (tx, env) = env().await;
+        let mut h = host(&env);
+        tx.send(Instant::now()).unwrap();
+        let e = lease::Host::report_problem(&mut h, "bad".into())
+            .await
+            .unwrap_err();
+        assert!(e.is::<Fenced>(), "{e}");
+        assert_eq!(env.problems.get(), None);
+        let e = kv::Host::set(&mut h, "k".into(), b"v".to_vec())
+            .await
+            .unwrap_err();
+        assert!(e.is::<Fenced>(), "{e}");
+        assert_eq!(env.store.kv_get("svc", "k").await.unwrap(), None);
+        let e = log::Host::log(&mut h, log::Level::Info, "hi".into())
+            .await
+            .unwrap_err();
+        assert!(e.is::<Fenced>(), "{e}");
+        // Reading and asking about the lease have no effect: still allowed.
+        assert_eq!(kv::Host::get(&mut h, "k".into()).await.unwrap(), Ok(None));
+        assert_eq!(
+            lease::Host::current(&mut h).await.unwrap().term,
+            env.lease.term
+        );
+    }
+
+    #[tokio::test]
+    async fn kv_namespaces_are_per_service() {
+        let (_tx, env) = env().await;
+        kv::Host::set(&mut host(&env), "k".into(), b"v".to_vec())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            env.store.kv_get("svc", "k").await.unwrap(),
+            Some(b"v".to_vec())
+        );
+        assert_eq!(env.store.kv_get("other", "k").await.unwrap(), None);
+    }
+}

@@ -63,9 +63,9 @@ impl LineBuffer {
             let line: Vec<u8> = self.pending.drain(..=end).collect();
             self.emit(&line[..end]);
         }
-        if self.pending.len() >= MAX_LINE {
-            let line = std::mem::take(&mut self.pending);
-            self.emit(&line);
+        while self.pending.len() >= MAX_LINE {
+            let piece: Vec<u8> = self.pending.drain(..MAX_LINE).collect();
+            self.emit(&piece);
         }
         Ok(())
     }
@@ -144,5 +144,85 @@ impl AsyncWrite for LogOutput {
 
     fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
         Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use tokio::time::Instant;
+    use tracing_subscriber::layer::SubscriberExt;
+
+    use super::*;
+    use crate::runtime::host::tests::env;
+
+    /// Runs `f` with a subscriber that collects every event's message.
+    fn capture(f: impl FnOnce()) -> Vec<String> {
+        struct Collect(Arc<Mutex<Vec<String>>>);
+        struct Message<'a>(&'a mut String);
+        impl tracing::field::Visit for Message<'_> {
+            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                if f.name() == "message" {
+                    *self.0 = format!("{v:?}");
+                }
+            }
+        }
+        impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Collect {
+            fn on_event(
+                &self,
+                e: &tracing::Event<'_>,
+                _: tracing_subscriber::layer::Context<'_, S>,
+            ) {
+                let mut m = String::new();
+                e.record(&mut Message(&mut m));
+                self.0.lock().unwrap().push(m);
+            }
+        }
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let subscriber = tracing_subscriber::registry().with(Collect(Arc::clone(&lines)));
+        tracing::subscriber::with_default(subscriber, f);
+        lines.lock().unwrap().clone()
+    }
+
+    #[tokio::test]
+    async fn output_is_logged_line_by_line() {
+        let (_tx, env) = env().await;
+        let lines = capture(|| {
+            let out = LogOutput::new(env, Stdio::Stdout);
+            let mut stream = out.p2_stream();
+            stream.write(Bytes::from_static(b"one\ntw")).unwrap();
+            stream.write(Bytes::from_static(b"o\r\nthr")).unwrap();
+            drop(stream);
+            out.write(b"ee").unwrap();
+        });
+        // The unterminated last line is logged when the stream goes away.
+        assert_eq!(lines, ["one", "two", "three"]);
+    }
+
+    #[tokio::test]
+    async fn a_long_line_is_logged_in_pieces() {
+        let (_tx, env) = env().await;
+        let lines = capture(|| {
+            LogOutput::new(env, Stdio::Stderr)
+                .write(&[b'x'; MAX_LINE + 10])
+                .unwrap();
+        });
+        let lengths: Vec<usize> = lines.iter().map(String::len).collect();
+        assert_eq!(lengths, [MAX_LINE, 10]);
+    }
+
+    #[tokio::test]
+    async fn output_after_the_deadline_is_dropped() {
+        let (tx, env) = env().await;
+        let lines = capture(|| {
+            let out = LogOutput::new(env, Stdio::Stdout);
+            out.write(b"before\npartial").unwrap();
+            tx.send(Instant::now()).unwrap();
+            let mut stream = out.p2_stream();
+            let e = stream.write(Bytes::from_static(b" after\n")).unwrap_err();
+            assert!(matches!(e, StreamError::Trap(_)));
+        });
+        assert_eq!(lines, ["before"]);
     }
 }
