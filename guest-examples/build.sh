@@ -13,6 +13,11 @@ out="$here/out"
 # Our own target dir: the host's (possibly shared) CARGO_TARGET_DIR is for another target.
 target="${GUEST_TARGET_DIR:-$here/target}"
 mkdir -p "$out/test"
+# Test binaries run this concurrently (e.g. under nextest): one build at a time.
+if command -v flock >/dev/null; then
+    exec 9>"$out/.build.lock"
+    flock 9
+fi
 
 build_rust() {
     local wasm="$target/wasm32-wasip2/release"

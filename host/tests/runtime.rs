@@ -153,6 +153,7 @@ async fn examples_run_under_a_lease_and_stop_on_stop() {
         started.elapsed()
     );
     assert_eq!(logs::count("ex-ticker", "ticker stopping"), 1);
+    assert_eq!(logs::count("ex-command", "command dropped at once"), 1);
     let count = kv(&l.store, "ex-counter", "count").await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(
