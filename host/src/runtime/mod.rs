@@ -1,1 +1,52 @@
-//! TODO
+//! The wasmtime host (SPEC §6, §7): components, sandboxes, fencing at the boundary, supervision.
+//!
+//! - `config`: [`RuntimeConfig`] (directories, limits, grants, restart policy).
+//! - `engine`: the wasmtime [`wasmtime::Engine`] and the epoch ticker thread.
+//! - `component`: discovery, compilation with an on-disk cache, world classification.
+//! - `host`: per-store state and the `vvm:host` imports, each fenced by the lease deadline.
+//! - `output`: guest stdout/stderr as log lines.
+//! - `supervisor`: runs, restarts and stops one service.
+//! - `services`: [`WasmServices`], the [`crate::services::Services`] the lifecycle starts.
+
+mod component;
+mod config;
+mod engine;
+mod host;
+mod output;
+mod services;
+mod supervisor;
+
+pub use component::{LoadError, LoadErrorKind, LoadStats, ServiceKind};
+pub use config::{DirGrant, Grants, RestartPolicy, RuntimeConfig};
+pub use services::{CheckReport, WasmServices, check};
+
+use std::path::PathBuf;
+
+/// Why the runtime as a whole could not be set up (one bad service file is a [`LoadError`]
+/// instead, and the others still load).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RuntimeError {
+    /// The services directory could not be read.
+    #[error("services directory {path}: {source}")]
+    ServicesDir {
+        /// The directory.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The compile cache directory could not be created.
+    #[error("compile cache directory {path}: {source}")]
+    CacheDir {
+        /// The directory.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// wasmtime rejected the engine configuration or the host's bindings.
+    #[error("wasmtime setup: {0:#}")]
+    Engine(wasmtime::Error),
+    /// The epoch ticker thread could not be started.
+    #[error("epoch ticker thread: {0}")]
+    Ticker(std::io::Error),
+}

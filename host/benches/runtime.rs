@@ -1,0 +1,151 @@
+//! Benchmark of the Wasm services (SPEC §9): 100 Rust services started from the compile
+//! cache, their memory, stopping a spinning guest, and shutting all of them down. Prints a
+//! table. Run with `cargo bench -p vvm-host --bench runtime`.
+
+#![allow(clippy::unwrap_used)]
+
+#[path = "../tests/support/guests.rs"]
+mod guests;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use vvm_host::elections::LeaseDeadline;
+use vvm_host::runtime::{RuntimeConfig, WasmServices};
+use vvm_host::services::{LeaseInfo, ServiceContext, Services};
+use vvm_host::store::{ManualClock, MemStore, TtlStore};
+use vvm_host::vvm::ProblemReporter;
+
+const SERVICES: usize = 100;
+const SPIN_ROUNDS: usize = 20;
+
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+async fn context() -> ServiceContext {
+    let store = MemStore::new(Arc::new(ManualClock::default()));
+    let ttl = Duration::from_secs(20);
+    let term = store
+        .insert_if_absent("slot/1", "bench", ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    ServiceContext {
+        lease: LeaseInfo {
+            slot: 1,
+            key: "slot/1".into(),
+            holder: "bench".into(),
+            term,
+            lease: ttl,
+        },
+        deadline: LeaseDeadline::fixed(tokio::time::Instant::now() + Duration::from_secs(3600)),
+        stopping: CancellationToken::new(),
+        problems: ProblemReporter::default(),
+        store: Arc::new(store),
+    }
+}
+
+struct Row {
+    allocator: &'static str,
+    load_ms: f64,
+    start_ms: f64,
+    rss_per_service_kib: f64,
+    stop_spin_ms: f64,
+    shutdown_ms: f64,
+}
+
+async fn measure(allocator: &'static str, pooling: bool) -> Row {
+    // 100 idle tickers (1 s tick), compiled once, then loaded from the cache.
+    let dir = tempfile::TempDir::new().unwrap();
+    let names: Vec<String> = (0..SERVICES).map(|i| format!("ticker-{i:03}")).collect();
+    let pairs: Vec<(&str, &str)> = names.iter().map(|n| ("rust-ticker", n.as_str())).collect();
+    guests::install(dir.path(), &pairs);
+    let config = RuntimeConfig {
+        pooling,
+        ..RuntimeConfig::new(dir.path())
+    };
+    drop(WasmServices::load(config.clone()).unwrap());
+    let loading = Instant::now();
+    let (services, errors) = WasmServices::load(config).unwrap();
+    let load_ms = loading.elapsed().as_secs_f64() * 1e3;
+    assert!(errors.is_empty());
+    assert_eq!(services.stats().cache_hits, SERVICES);
+
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let rss_before = rss_bytes();
+    let starting = Instant::now();
+    let running = services.start(context().await).await.unwrap();
+    let start_ms = starting.elapsed().as_secs_f64() * 1e3;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rss_per_service_kib =
+        rss_bytes().saturating_sub(rss_before) as f64 / 1024.0 / SERVICES as f64;
+    let stopping = Instant::now();
+    running.stop().await;
+    let shutdown_ms = stopping.elapsed().as_secs_f64() * 1e3;
+
+    // A guest spinning in a loop, stopped with no grace period: the epoch tick interrupts it.
+    let spin_dir = tempfile::TempDir::new().unwrap();
+    guests::install(spin_dir.path(), &[("test/spin", "spin")]);
+    let config = RuntimeConfig {
+        pooling,
+        grace_period: Duration::ZERO,
+        ..RuntimeConfig::new(spin_dir.path())
+    };
+    let (spin, _) = WasmServices::load(config).unwrap();
+    let mut stops = Vec::new();
+    for _ in 0..SPIN_ROUNDS {
+        let running = spin.start(context().await).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let stopping = Instant::now();
+        running.stop().await;
+        stops.push(stopping.elapsed().as_secs_f64() * 1e3);
+    }
+    stops.sort_by(f64::total_cmp);
+    Row {
+        allocator,
+        load_ms,
+        start_ms,
+        rss_per_service_kib,
+        stop_spin_ms: stops[stops.len() / 2],
+        shutdown_ms,
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    guests::out_dir();
+    let mut rows = Vec::new();
+    for (name, pooling) in [("pooling", true), ("on-demand", false)] {
+        rows.push(measure(name, pooling).await);
+    }
+    println!();
+    println!(
+        "{SERVICES} rust-ticker services ({} KiB component), epoch tick 1 ms",
+        std::fs::metadata(guests::guest("rust-ticker"))
+            .unwrap()
+            .len()
+            / 1024
+    );
+    println!(
+        "| allocator | load {SERVICES} from cache | start -> all running | per instance \
+         | RSS per idle service | stop spinning guest (median of {SPIN_ROUNDS}) \
+         | shut down all {SERVICES} |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for r in rows {
+        println!(
+            "| {} | {:.1} ms | {:.2} ms | {:.1} µs | {:.0} KiB | {:.2} ms | {:.2} ms |",
+            r.allocator,
+            r.load_ms,
+            r.start_ms,
+            r.start_ms * 1e3 / SERVICES as f64,
+            r.rss_per_service_kib,
+            r.stop_spin_ms,
+            r.shutdown_ms,
+        );
+    }
+}

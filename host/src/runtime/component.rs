@@ -1,0 +1,284 @@
+//! Service discovery and compilation (SPEC §6): every `*.wasm` file in the services directory
+//! is compiled (or loaded from the on-disk cache) before campaigning, checked against the two
+//! supported worlds, and pre-instantiated once.
+
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+use wasmtime::Engine;
+use wasmtime::component::{Component, Linker};
+use wasmtime_wasi::p2::bindings::CommandPre;
+
+use super::RuntimeError;
+use super::host::{Host, ServicePre};
+
+/// Which world a component targets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServiceKind {
+    /// The `vvm:host/service` world: hears `stopping`, gets a grace period.
+    Service,
+    /// A plain `wasi:cli/command`: its `run` is the service; dropped at once on stop.
+    Command,
+}
+
+impl fmt::Display for ServiceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Service => "vvm:host/service",
+            Self::Command => "wasi:cli/command",
+        })
+    }
+}
+
+/// A service file that could not be loaded; the other services still load.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {kind}", path.display())]
+pub struct LoadError {
+    /// The file.
+    pub path: PathBuf,
+    /// Why it was rejected.
+    pub kind: LoadErrorKind,
+}
+
+/// Why a service file was rejected.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoadErrorKind {
+    /// The file could not be read.
+    #[error("cannot read: {0}")]
+    Read(std::io::Error),
+    /// The file is not a WebAssembly component (empty, a core module, truncated, corrupt).
+    #[error("not a valid component: {0}")]
+    Invalid(String),
+    /// The component targets neither supported world.
+    #[error("unsupported world: {0}")]
+    World(String),
+    /// The component imports something the host does not provide.
+    #[error("unsupported imports: {0}")]
+    Imports(String),
+}
+
+/// How the components of one load were obtained.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoadStats {
+    /// Components compiled by cranelift.
+    pub compiled: usize,
+    /// Components deserialized from the compile cache.
+    pub cache_hits: usize,
+}
+
+/// A component ready to instantiate.
+pub(crate) enum Pre {
+    /// The `vvm:host/service` world.
+    Service(ServicePre<Host>),
+    /// The `wasi:cli/command` world.
+    Command(CommandPre<Host>),
+}
+
+/// One loaded service.
+pub(crate) struct Loaded {
+    /// The file stem.
+    pub name: String,
+    /// Which world, and its pre-instantiated form.
+    pub pre: Pre,
+}
+
+impl Loaded {
+    /// The world the service targets.
+    pub fn kind(&self) -> ServiceKind {
+        match self.pre {
+            Pre::Service(_) => ServiceKind::Service,
+            Pre::Command(_) => ServiceKind::Command,
+        }
+    }
+}
+
+/// The `*.wasm` files of `dir`, sorted by name.
+pub(crate) fn discover(dir: &Path) -> Result<Vec<PathBuf>, RuntimeError> {
+    let err = |source| RuntimeError::ServicesDir {
+        path: dir.to_owned(),
+        source,
+    };
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(err)? {
+        let path = entry.map_err(err)?.path();
+        if path.extension().is_some_and(|e| e == "wasm") && path.is_file() {
+            files.push(path);
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// Compiles components, or loads them from a cache directory keyed by content hash and
+/// engine configuration.
+pub(crate) struct Compiler<'a> {
+    /// The engine components are compiled for.
+    pub engine: &'a Engine,
+    /// The compile cache directory (created by the caller).
+    pub cache_dir: &'a Path,
+    /// Counts compilations and cache hits.
+    pub stats: LoadStats,
+}
+
+impl Compiler<'_> {
+    /// Loads `path` as a service: compile (or cache), classify its world, pre-instantiate.
+    pub fn load(&mut self, path: &Path, linker: &Linker<Host>) -> Result<Loaded, LoadError> {
+        let fail = |kind| LoadError {
+            path: path.to_owned(),
+            kind,
+        };
+        let name = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let bytes = std::fs::read(path).map_err(|e| fail(LoadErrorKind::Read(e)))?;
+        check_header(&bytes).map_err(|m| fail(LoadErrorKind::Invalid(m)))?;
+        let component = self
+            .component(&bytes)
+            .map_err(|e| fail(LoadErrorKind::Invalid(format!("{e:#}"))))?;
+        let pre = classify(self.engine, &component, linker).map_err(fail)?;
+        Ok(Loaded { name, pre })
+    }
+
+    /// The compiled component for `bytes`, from the cache if it is there.
+    fn component(&mut self, bytes: &[u8]) -> wasmtime::Result<Component> {
+        let cached = self.cache_dir.join(format!("{}.cwasm", self.key(bytes)));
+        if cached.is_file() {
+            // SAFETY: `deserialize_file` trusts the file to be the output of
+            // `Component::serialize` for a compatible engine. The cache directory is written
+            // only by this function (under a name that includes the hash of the engine's
+            // compatibility configuration and of the source bytes), with a temporary file
+            // renamed into place, so a file at this name is a complete serialization of
+            // these bytes by an engine like this one. wasmtime still checks the header and
+            // engine compatibility; what it cannot check is deliberate tampering, and the
+            // cache directory must be as trusted as the services directory itself. The file
+            // is memory-mapped for the component's life: entries are only ever replaced by
+            // rename (a new inode), never rewritten in place, so the mapping stays valid.
+            #[allow(unsafe_code)]
+            let loaded = unsafe { Component::deserialize_file(self.engine, &cached) };
+            match loaded {
+                Ok(component) => {
+                    self.stats.cache_hits += 1;
+                    return Ok(component);
+                }
+                Err(e) => tracing::warn!(
+                    path = %cached.display(), error = %format!("{e:#}"),
+                    "unusable compile cache entry; compiling again"
+                ),
+            }
+        }
+        let component = Component::new(self.engine, bytes)?;
+        self.stats.compiled += 1;
+        if let Err(e) = write_cache(&component, &cached) {
+            tracing::warn!(path = %cached.display(), error = %e, "cannot write compile cache");
+        }
+        Ok(component)
+    }
+
+    /// Hex SHA-256 of the engine's compatibility hash and the component bytes.
+    fn key(&self, bytes: &[u8]) -> String {
+        let mut hasher = ShaHasher(Sha256::new());
+        self.engine
+            .precompile_compatibility_hash()
+            .hash(&mut hasher);
+        hasher.0.update(bytes);
+        hasher
+            .0
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+}
+
+/// Feeds `Hash` output into SHA-256, for a digest that is stable across processes.
+struct ShaHasher(Sha256);
+
+impl Hasher for ShaHasher {
+    fn finish(&self) -> u64 {
+        0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+}
+
+fn write_cache(component: &Component, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let bytes = component.serialize().map_err(|e| format!("{e:#}"))?;
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+/// Rejects files that cannot be components with a precise reason, before wasmtime's parser.
+fn check_header(bytes: &[u8]) -> Result<(), String> {
+    const MAGIC: &[u8] = b"\0asm";
+    const COMPONENT: [u8; 4] = [0x0d, 0x00, 0x01, 0x00];
+    const CORE: [u8; 4] = [0x01, 0x00, 0x00, 0x00];
+    if bytes.is_empty() {
+        return Err("empty file".into());
+    }
+    if bytes.len() < 8 || &bytes[..4] != MAGIC {
+        return Err("no WebAssembly header".into());
+    }
+    match &bytes[4..8] {
+        v if v == COMPONENT => Ok(()),
+        v if v == CORE => Err("a core WebAssembly module, not a component (build for \
+             wasm32-wasip2 or wrap it with `wasm-tools component new`)"
+            .into()),
+        _ => Err("unknown WebAssembly version".into()),
+    }
+}
+
+/// Finds the world `component` targets and pre-instantiates it against `linker`.
+fn classify(
+    engine: &Engine,
+    component: &Component,
+    linker: &Linker<Host>,
+) -> Result<Pre, LoadErrorKind> {
+    let ty = component.component_type();
+    let exports: Vec<&str> = ty.exports(engine).map(|(name, _)| name).collect();
+    let is_service = exports.contains(&"run");
+    let is_command = exports.iter().any(|e| e.starts_with("wasi:cli/run@0.2"));
+    if !is_service && !is_command {
+        return Err(LoadErrorKind::World(format!(
+            "exports neither `run` (world vvm:host/service) nor `wasi:cli/run` \
+             (world wasi:cli/command); it exports [{}]",
+            exports.join(", ")
+        )));
+    }
+    let pre = linker
+        .instantiate_pre(component)
+        .map_err(|e| LoadErrorKind::Imports(format!("{e:#}")))?;
+    if is_service {
+        ServicePre::new(pre)
+            .map(Pre::Service)
+            .map_err(|e| LoadErrorKind::World(format!("`run` of the wrong type: {e:#}")))
+    } else {
+        CommandPre::new(pre)
+            .map(Pre::Command)
+            .map_err(|e| LoadErrorKind::World(format!("`wasi:cli/run` of the wrong type: {e:#}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_check_names_the_problem() {
+        assert_eq!(check_header(b""), Err("empty file".into()));
+        assert!(
+            check_header(b"\0asm\x01\0\0\0")
+                .unwrap_err()
+                .contains("core")
+        );
+        assert!(check_header(b"hello world").unwrap_err().contains("header"));
+        assert_eq!(check_header(b"\0asm\x0d\0\x01\0"), Ok(()));
+    }
+}

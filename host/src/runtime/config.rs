@@ -1,0 +1,97 @@
+//! What the operator configures about the Wasm services: directories, limits, grants, restarts.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Configuration of the Wasm runtime. `RuntimeConfig::new(dir)` gives the defaults.
+#[derive(Clone, Debug)]
+pub struct RuntimeConfig {
+    /// Every `*.wasm` file here is a service named by its file stem.
+    pub services_dir: PathBuf,
+    /// Where compiled components are cached. Default: `<services_dir>/.cache`.
+    pub cache_dir: PathBuf,
+    /// How long a guest may take to return from `run` once `stopping` resolves before its
+    /// instance is dropped. Default 5 s. Plain WASI commands get no grace period.
+    pub grace_period: Duration,
+    /// The most linear memory one instance may use, in bytes. Default 64 MiB.
+    pub memory_cap: usize,
+    /// How often the epoch ticks: the longest a spinning guest runs before the host can
+    /// interrupt it. Default 1 ms.
+    pub epoch_tick: Duration,
+    /// Use wasmtime's pooling allocator (address space reserved up front for
+    /// `max_instances`). Default false: for small guests on-demand allocation measured as
+    /// fast and used less memory (see `benches/runtime.rs`).
+    pub pooling: bool,
+    /// The most instances alive at once when pooling (sizes the pools). Default 1000.
+    pub max_instances: u32,
+    /// What each service may reach beyond its sandbox, by service name. Default: nothing.
+    pub grants: HashMap<String, Grants>,
+    /// How failed services are restarted and when failures become a problem.
+    pub restart: RestartPolicy,
+}
+
+impl RuntimeConfig {
+    /// The defaults for the services in `services_dir`.
+    pub fn new(services_dir: impl Into<PathBuf>) -> Self {
+        let services_dir = services_dir.into();
+        Self {
+            cache_dir: services_dir.join(".cache"),
+            services_dir,
+            grace_period: Duration::from_secs(5),
+            memory_cap: 64 << 20,
+            epoch_tick: Duration::from_millis(1),
+            pooling: false,
+            max_instances: 1000,
+            grants: HashMap::new(),
+            restart: RestartPolicy::default(),
+        }
+    }
+}
+
+/// Ambient authority granted to one service. The default grants nothing.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Grants {
+    /// Host directories the guest may open.
+    pub dirs: Vec<DirGrant>,
+    /// Environment variables the guest sees.
+    pub env: Vec<(String, String)>,
+    /// Whether the guest may open TCP/UDP sockets and resolve names.
+    pub network: bool,
+}
+
+/// One host directory made visible to a guest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirGrant {
+    /// The directory on the host.
+    pub host: PathBuf,
+    /// Where the guest sees it (e.g. `/data`).
+    pub guest: String,
+    /// If true the guest may only read.
+    pub read_only: bool,
+}
+
+/// Restarts with exponential backoff; too many failures in a window escalate to a problem.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RestartPolicy {
+    /// The wait before the first restart. Default 100 ms.
+    pub initial_backoff: Duration,
+    /// The longest wait between restarts; each failure doubles the wait up to this.
+    /// Default 10 s.
+    pub max_backoff: Duration,
+    /// This many failures within `window` report `Problem::Service`. Default 5.
+    pub max_failures: u32,
+    /// The window failures are counted in. Default 60 s.
+    pub window: Duration,
+}
+
+impl Default for RestartPolicy {
+    fn default() -> Self {
+        Self {
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(10),
+            max_failures: 5,
+            window: Duration::from_secs(60),
+        }
+    }
+}

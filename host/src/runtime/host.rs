@@ -1,0 +1,360 @@
+//! Per-store host state and the `vvm:host` imports (SPEC §6, §7). Every import with an effect
+//! checks the local lease deadline first: past it, the call traps and has no effect.
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+use wasmtime::component::{HasSelf, Linker, Resource, ResourceTable};
+use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder, UpdateDeadline};
+use wasmtime_wasi::p2::{DynPollable, Pollable, subscribe};
+use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+use super::RuntimeError;
+use super::config::{Grants, RuntimeConfig};
+use super::output::{LogOutput, Stdio};
+use crate::elections::LeaseDeadline;
+use crate::services::LeaseInfo;
+use crate::store::{Fence, Store as LeaseStore};
+use crate::vvm::{Problem, ProblemReporter};
+
+mod bindings {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "vvm:host/service",
+        imports: { default: async | trappable },
+        exports: { default: async },
+        with: { "wasi": wasmtime_wasi::p2::bindings },
+    });
+}
+
+pub(crate) use bindings::ServicePre;
+use bindings::vvm::host::{kv, lease, log};
+
+/// A guest effect refused because the local lease deadline has passed: another host may
+/// lead by now. Raised as a trap, so the guest stops at once.
+#[derive(Debug, thiserror::Error)]
+#[error("lease deadline passed: {what} refused, another host may lead now")]
+pub(crate) struct Fenced {
+    what: &'static str,
+}
+
+impl Fenced {
+    /// Refuses `what` (a log line, a write, ...).
+    pub(crate) fn new(what: &'static str) -> Self {
+        Self { what }
+    }
+}
+
+/// What every instance of one service shares during one leadership.
+pub(crate) struct ServiceEnv {
+    /// The service's name (file stem); tags its log lines, namespaces its key-value space.
+    pub name: Arc<str>,
+    /// The lease the service runs under.
+    pub lease: LeaseInfo,
+    /// Past it, no effect may happen.
+    pub deadline: LeaseDeadline,
+    /// Cancelled when the service must stop.
+    pub stopping: CancellationToken,
+    /// Where `report-problem` goes.
+    pub problems: ProblemReporter,
+    /// The store holding the fenced key-value space.
+    pub store: Arc<dyn LeaseStore>,
+}
+
+impl ServiceEnv {
+    /// Fails with [`Fenced`] once the lease deadline has passed.
+    fn fence(&self, what: &'static str) -> Result<(), Fenced> {
+        if self.deadline.has_passed() {
+            tracing::warn!(
+                service = &*self.name,
+                what,
+                "effect refused: lease deadline passed"
+            );
+            Err(Fenced::new(what))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// The state of one store: one instance of one service.
+pub(crate) struct Host {
+    env: Arc<ServiceEnv>,
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limits: StoreLimits,
+}
+
+impl WasiView for Host {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+/// The linker every service is instantiated with: WASI 0.2 and `vvm:host`.
+pub(crate) fn linker(engine: &Engine) -> Result<Linker<Host>, RuntimeError> {
+    let mut linker = Linker::new(engine);
+    wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(RuntimeError::Engine)?;
+    lease::add_to_linker::<_, HasSelf<_>>(&mut linker, |h| h).map_err(RuntimeError::Engine)?;
+    log::add_to_linker::<_, HasSelf<_>>(&mut linker, |h| h).map_err(RuntimeError::Engine)?;
+    kv::add_to_linker::<_, HasSelf<_>>(&mut linker, |h| h).map_err(RuntimeError::Engine)?;
+    Ok(linker)
+}
+
+/// A fresh store for one instance of the service `env`: its own WASI context (with only what
+/// `grants` allow), memory cap, and an epoch deadline that yields every tick and traps once
+/// the lease deadline has passed.
+pub(crate) fn new_store(
+    engine: &Engine,
+    env: &Arc<ServiceEnv>,
+    config: &RuntimeConfig,
+) -> wasmtime::Result<Store<Host>> {
+    let grants = config.grants.get(&*env.name);
+    let host = Host {
+        env: Arc::clone(env),
+        wasi: wasi_ctx(env, grants)?,
+        table: ResourceTable::new(),
+        limits: StoreLimitsBuilder::new()
+            .memory_size(config.memory_cap)
+            .trap_on_grow_failure(true)
+            .build(),
+    };
+    let mut store = Store::new(engine, host);
+    store.limiter(|h| &mut h.limits);
+    store.set_epoch_deadline(1);
+    store.epoch_deadline_callback(|cx| {
+        if cx.data().env.deadline.has_passed() {
+            return Err(Fenced::new("running").into());
+        }
+        Ok(UpdateDeadline::Yield(1))
+    });
+    Ok(store)
+}
+
+fn wasi_ctx(env: &Arc<ServiceEnv>, grants: Option<&Grants>) -> wasmtime::Result<WasiCtx> {
+    let mut wasi = WasiCtxBuilder::new();
+    wasi.stdout(LogOutput::new(Arc::clone(env), Stdio::Stdout))
+        .stderr(LogOutput::new(Arc::clone(env), Stdio::Stderr))
+        .arg(&*env.name);
+    if let Some(grants) = grants {
+        wasi.envs(&grants.env);
+        for dir in &grants.dirs {
+            let perms = if dir.read_only {
+                FsPerms::ReadOnly
+            } else {
+                FsPerms::ReadWrite
+            };
+            wasi.preopened_dir(&dir.host, &dir.guest, perms)?;
+        }
+        if grants.network {
+            let deadline = env.deadline.clone();
+            wasi.allow_tcp(true)
+                .allow_udp(true)
+                .allow_ip_name_lookup(true)
+                // Fencing for granted network access: no new connection past the deadline.
+                .socket_addr_check(move |_, _| {
+                    let open = !deadline.has_passed();
+                    Box::pin(async move { open })
+                });
+        }
+    }
+    Ok(wasi.build())
+}
+
+/// The pollable behind `lease.stopping`: ready once the service must stop.
+struct StopSignal(CancellationToken);
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for StopSignal {
+    async fn ready(&mut self) {
+        self.0.cancelled().await;
+    }
+}
+
+impl lease::Host for Host {
+    async fn current(&mut self) -> wasmtime::Result<lease::Info> {
+        let l = &self.env.lease;
+        Ok(lease::Info {
+            slot: l.slot,
+            holder: l.holder.clone(),
+            term: l.term,
+            lease_ms: u64::try_from(l.lease.as_millis()).unwrap_or(u64::MAX),
+        })
+    }
+
+    async fn stopping(&mut self) -> wasmtime::Result<Resource<DynPollable>> {
+        let signal = self.table.push(StopSignal(self.env.stopping.clone()))?;
+        subscribe(&mut self.table, signal)
+    }
+
+    async fn report_problem(&mut self, message: String) -> wasmtime::Result<()> {
+        self.env.fence("problem report")?;
+        tracing::warn!(service = &*self.env.name, %message, "guest reported a problem");
+        self.env.problems.report(Problem::Service {
+            name: self.env.name.to_string(),
+            reason: message,
+        });
+        Ok(())
+    }
+}
+
+impl log::Host for Host {
+    async fn log(&mut self, level: log::Level, message: String) -> wasmtime::Result<()> {
+        self.env.fence("log line")?;
+        let service = &*self.env.name;
+        match level {
+            log::Level::Trace => tracing::trace!(service, "{message}"),
+            log::Level::Debug => tracing::debug!(service, "{message}"),
+            log::Level::Info => tracing::info!(service, "{message}"),
+            log::Level::Warn => tracing::warn!(service, "{message}"),
+            log::Level::Error => tracing::error!(service, "{message}"),
+        }
+        Ok(())
+    }
+}
+
+impl kv::Host for Host {
+    async fn get(&mut self, key: String) -> wasmtime::Result<Result<Option<Vec<u8>>, String>> {
+        Ok(self
+            .env
+            .store
+            .kv_get(&self.env.name, &key)
+            .await
+            .map_err(|e| e.to_string()))
+    }
+
+    async fn set(&mut self, key: String, value: Vec<u8>) -> wasmtime::Result<Result<(), String>> {
+        self.env.fence("key-value write")?;
+        let env = &self.env;
+        let fence = Fence {
+            lease_key: &env.lease.key,
+            term: env.lease.term,
+        };
+        Ok(
+            match env.store.kv_set(&fence, &env.name, &key, &value).await {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(format!(
+                    "stale term {}: the lease {} has passed to another holder",
+                    env.lease.term, env.lease.key
+                )),
+                Err(e) => Err(e.to_string()),
+            },
+        )
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::*;
+    use crate::store::{ManualClock, MemStore, TtlStore};
+
+    /// The environment of a service `svc` leading `slot/1` in a fresh store, with a deadline
+    /// the returned sender moves.
+    pub(crate) async fn env() -> (tokio::sync::watch::Sender<Instant>, Arc<ServiceEnv>) {
+        let store = MemStore::new(Arc::new(ManualClock::default()));
+        let lease = Duration::from_secs(20);
+        let term = store
+            .insert_if_absent("slot/1", "me", lease)
+            .await
+            .unwrap()
+            .unwrap();
+        let (tx, deadline) = LeaseDeadline::manual(Instant::now() + Duration::from_secs(60));
+        let env = ServiceEnv {
+            name: "svc".into(),
+            lease: LeaseInfo {
+                slot: 1,
+                key: "slot/1".into(),
+                holder: "me".into(),
+                term,
+                lease,
+            },
+            deadline,
+            stopping: CancellationToken::new(),
+            problems: ProblemReporter::default(),
+            store: Arc::new(store),
+        };
+        (tx, Arc::new(env))
+    }
+
+    fn host(env: &Arc<ServiceEnv>) -> Host {
+        Host {
+            env: Arc::clone(env),
+            wasi: WasiCtxBuilder::new().build(),
+            table: ResourceTable::new(),
+            limits: StoreLimits::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn effects_before_the_deadline_take_effect() {
+        let (_tx, env) = env().await;
+        let mut h = host(&env);
+        lease::Host::report_problem(&mut h, "bad".into())
+            .await
+            .unwrap();
+        assert_eq!(
+            env.problems.get(),
+            Some(Problem::Service {
+                name: "svc".into(),
+                reason: "bad".into()
+            })
+        );
+        kv::Host::set(&mut h, "k".into(), b"v".to_vec())
+            .await
+            .unwrap()
+            .unwrap();
+        let got = kv::Host::get(&mut h, "k".into()).await.unwrap().unwrap();
+        assert_eq!(got, Some(b"v".to_vec()));
+        log::Host::log(&mut h, log::Level::Info, "hi".into())
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn effects_after_the_deadline_trap_and_do_nothing() {
+        let (tx, env) = env().await;
+        let mut h = host(&env);
+        tx.send(Instant::now()).unwrap();
+        let e = lease::Host::report_problem(&mut h, "bad".into())
+            .await
+            .unwrap_err();
+        assert!(e.is::<Fenced>(), "{e}");
+        assert_eq!(env.problems.get(), None);
+        let e = kv::Host::set(&mut h, "k".into(), b"v".to_vec())
+            .await
+            .unwrap_err();
+        assert!(e.is::<Fenced>(), "{e}");
+        assert_eq!(env.store.kv_get("svc", "k").await.unwrap(), None);
+        let e = log::Host::log(&mut h, log::Level::Info, "hi".into())
+            .await
+            .unwrap_err();
+        assert!(e.is::<Fenced>(), "{e}");
+        // Reading and asking about the lease have no effect: still allowed.
+        assert_eq!(kv::Host::get(&mut h, "k".into()).await.unwrap(), Ok(None));
+        assert_eq!(
+            lease::Host::current(&mut h).await.unwrap().term,
+            env.lease.term
+        );
+    }
+
+    #[tokio::test]
+    async fn kv_namespaces_are_per_service() {
+        let (_tx, env) = env().await;
+        kv::Host::set(&mut host(&env), "k".into(), b"v".to_vec())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            env.store.kv_get("svc", "k").await.unwrap(),
+            Some(b"v".to_vec())
+        );
+        assert_eq!(env.store.kv_get("other", "k").await.unwrap(), None);
+    }
+}

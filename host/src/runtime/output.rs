@@ -1,0 +1,228 @@
+//! Guest stdout/stderr as host log lines tagged with the service name, one line at a time;
+//! dropped (and the write trapped) once the lease deadline has passed (SPEC §6).
+
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+
+use tokio::io::AsyncWrite;
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError, StreamResult};
+use wasmtime_wasi_io::bytes::Bytes;
+
+use super::host::{Fenced, ServiceEnv};
+
+/// A line longer than this is logged in pieces, so a guest cannot grow the buffer forever.
+const MAX_LINE: usize = 16 * 1024;
+
+/// Which standard stream a [`LogOutput`] stands for.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Stdio {
+    Stdout,
+    Stderr,
+}
+
+/// A guest's stdout or stderr. Every stream the guest opens on it shares one line buffer.
+#[derive(Clone)]
+pub(crate) struct LogOutput(Arc<Mutex<LineBuffer>>);
+
+impl LogOutput {
+    /// The `which` stream of the service described by `env`.
+    pub(crate) fn new(env: Arc<ServiceEnv>, which: Stdio) -> Self {
+        Self(Arc::new(Mutex::new(LineBuffer {
+            env,
+            which,
+            pending: Vec::new(),
+        })))
+    }
+
+    fn write(&self, bytes: &[u8]) -> Result<(), Fenced> {
+        // A panic while logging leaves at most a partial line behind: still usable.
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .write(bytes)
+    }
+}
+
+struct LineBuffer {
+    env: Arc<ServiceEnv>,
+    which: Stdio,
+    pending: Vec<u8>,
+}
+
+impl LineBuffer {
+    fn write(&mut self, bytes: &[u8]) -> Result<(), Fenced> {
+        if self.env.deadline.has_passed() {
+            self.pending.clear();
+            return Err(Fenced::new("output"));
+        }
+        self.pending.extend_from_slice(bytes);
+        while let Some(end) = self.pending.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = self.pending.drain(..=end).collect();
+            self.emit(&line[..end]);
+        }
+        while self.pending.len() >= MAX_LINE {
+            let piece: Vec<u8> = self.pending.drain(..MAX_LINE).collect();
+            self.emit(&piece);
+        }
+        Ok(())
+    }
+
+    fn emit(&self, line: &[u8]) {
+        let line = String::from_utf8_lossy(line.strip_suffix(b"\r").unwrap_or(line));
+        let service = &*self.env.name;
+        match self.which {
+            Stdio::Stdout => tracing::info!(service, stream = "stdout", "{line}"),
+            Stdio::Stderr => tracing::warn!(service, stream = "stderr", "{line}"),
+        }
+    }
+}
+
+impl Drop for LineBuffer {
+    fn drop(&mut self) {
+        // The last line may lack its newline; log it unless the lease has passed.
+        if !self.pending.is_empty() && !self.env.deadline.has_passed() {
+            let line = std::mem::take(&mut self.pending);
+            self.emit(&line);
+        }
+    }
+}
+
+impl IsTerminal for LogOutput {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for LogOutput {
+    fn async_stream(&self) -> Box<dyn AsyncWrite + Send + Sync> {
+        Box::new(self.clone())
+    }
+
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(self.clone())
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for LogOutput {
+    async fn ready(&mut self) {}
+}
+
+impl OutputStream for LogOutput {
+    fn write(&mut self, bytes: Bytes) -> StreamResult<()> {
+        LogOutput::write(self, &bytes).map_err(|e| StreamError::Trap(e.into()))
+    }
+
+    fn flush(&mut self) -> StreamResult<()> {
+        Ok(())
+    }
+
+    fn check_write(&mut self) -> StreamResult<usize> {
+        Ok(MAX_LINE)
+    }
+}
+
+impl AsyncWrite for LogOutput {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Poll::Ready(
+            LogOutput::write(&self, buf)
+                .map(|()| buf.len())
+                .map_err(io::Error::other),
+        )
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use tokio::time::Instant;
+    use tracing_subscriber::layer::SubscriberExt;
+
+    use super::*;
+    use crate::runtime::host::tests::env;
+
+    /// Runs `f` with a subscriber that collects every event's message.
+    fn capture(f: impl FnOnce()) -> Vec<String> {
+        struct Collect(Arc<Mutex<Vec<String>>>);
+        struct Message<'a>(&'a mut String);
+        impl tracing::field::Visit for Message<'_> {
+            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                if f.name() == "message" {
+                    *self.0 = format!("{v:?}");
+                }
+            }
+        }
+        impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Collect {
+            fn on_event(
+                &self,
+                e: &tracing::Event<'_>,
+                _: tracing_subscriber::layer::Context<'_, S>,
+            ) {
+                let mut m = String::new();
+                e.record(&mut Message(&mut m));
+                self.0.lock().unwrap().push(m);
+            }
+        }
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let subscriber = tracing_subscriber::registry().with(Collect(Arc::clone(&lines)));
+        tracing::subscriber::with_default(subscriber, f);
+        lines.lock().unwrap().clone()
+    }
+
+    #[tokio::test]
+    async fn output_is_logged_line_by_line() {
+        let (_tx, env) = env().await;
+        let lines = capture(|| {
+            let out = LogOutput::new(env, Stdio::Stdout);
+            let mut stream = out.p2_stream();
+            stream.write(Bytes::from_static(b"one\ntw")).unwrap();
+            stream.write(Bytes::from_static(b"o\r\nthr")).unwrap();
+            drop(stream);
+            out.write(b"ee").unwrap();
+        });
+        // The unterminated last line is logged when the stream goes away.
+        assert_eq!(lines, ["one", "two", "three"]);
+    }
+
+    #[tokio::test]
+    async fn a_long_line_is_logged_in_pieces() {
+        let (_tx, env) = env().await;
+        let lines = capture(|| {
+            LogOutput::new(env, Stdio::Stderr)
+                .write(&[b'x'; MAX_LINE + 10])
+                .unwrap();
+        });
+        let lengths: Vec<usize> = lines.iter().map(String::len).collect();
+        assert_eq!(lengths, [MAX_LINE, 10]);
+    }
+
+    #[tokio::test]
+    async fn output_after_the_deadline_is_dropped() {
+        let (tx, env) = env().await;
+        let lines = capture(|| {
+            let out = LogOutput::new(env, Stdio::Stdout);
+            out.write(b"before\npartial").unwrap();
+            tx.send(Instant::now()).unwrap();
+            let mut stream = out.p2_stream();
+            let e = stream.write(Bytes::from_static(b" after\n")).unwrap_err();
+            assert!(matches!(e, StreamError::Trap(_)));
+        });
+        assert_eq!(lines, ["before"]);
+    }
+}

@@ -1,0 +1,199 @@
+//! Supervision of one service (SPEC §6): run it, restart it with exponential backoff when it
+//! fails, escalate repeated failures to a VVM problem, and stop it (grace period, then drop).
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use wasmtime::Trap;
+use wasmtime_wasi::I32Exit;
+
+use super::component::{Loaded, Pre};
+use super::host::{Fenced, ServiceEnv, new_store};
+use super::services::Runtime;
+use crate::vvm::Problem;
+
+/// How one run of a service ended.
+#[derive(Debug)]
+enum Outcome {
+    /// `run` returned `ok` (or the command exited 0): the service is done.
+    Returned,
+    /// Stopped by the host (it returned in its grace period, or was dropped).
+    Stopped,
+    /// Interrupted because the lease deadline passed: not the guest's fault.
+    Fenced,
+    /// `run` returned an error, trapped, or could not be instantiated.
+    Failed(String),
+}
+
+/// Runs `svc` until it returns, is stopped, or fails too often. `started` is sent (or
+/// dropped) once the first instance is running or could not be created.
+pub(crate) async fn supervise(
+    rt: Arc<Runtime>,
+    svc: Arc<Loaded>,
+    env: Arc<ServiceEnv>,
+    started: oneshot::Sender<()>,
+) {
+    let service = &*env.name;
+    let policy = &rt.config.restart;
+    let mut started = Some(started);
+    let mut failures: VecDeque<Instant> = VecDeque::new();
+    let mut backoff = policy.initial_backoff;
+    while !env.stopping.is_cancelled() {
+        if env.deadline.has_passed() {
+            // Not leading (for now): wait for a renewal or the stop, without counting.
+            started.take();
+            if !pause(&env, policy.initial_backoff).await {
+                break;
+            }
+            continue;
+        }
+        match run_once(&rt, &svc, &env, &mut started).await {
+            Outcome::Returned => {
+                tracing::info!(service, "service returned; not restarted");
+                break;
+            }
+            Outcome::Stopped => break,
+            Outcome::Fenced => {
+                tracing::warn!(service, "service interrupted: lease deadline passed");
+            }
+            Outcome::Failed(reason) => {
+                let now = Instant::now();
+                while failures
+                    .front()
+                    .is_some_and(|t| now.duration_since(*t) >= policy.window)
+                {
+                    failures.pop_front();
+                }
+                if failures.is_empty() {
+                    backoff = policy.initial_backoff;
+                }
+                failures.push_back(now);
+                let count = failures.len();
+                if u32::try_from(count).unwrap_or(u32::MAX) >= policy.max_failures {
+                    tracing::error!(service, count, %reason, "service failed too often");
+                    env.problems.report(Problem::Service {
+                        name: service.to_owned(),
+                        reason: format!(
+                            "failed {count} times within {:?}; last: {reason}",
+                            policy.window
+                        ),
+                    });
+                    break;
+                }
+                tracing::warn!(service, count, ?backoff, %reason, "service failed; restarting");
+                if !pause(&env, backoff).await {
+                    break;
+                }
+                backoff = backoff.saturating_mul(2).min(policy.max_backoff);
+            }
+        }
+    }
+    tracing::debug!(service, "supervisor ended");
+}
+
+/// Sleeps `d` unless the service is told to stop first; returns false if it was.
+async fn pause(env: &ServiceEnv, d: Duration) -> bool {
+    tokio::select! {
+        () = env.stopping.cancelled() => false,
+        () = tokio::time::sleep(d) => true,
+    }
+}
+
+/// One instance of `svc`, from instantiation to the end of its `run`.
+async fn run_once(
+    rt: &Runtime,
+    svc: &Loaded,
+    env: &Arc<ServiceEnv>,
+    started: &mut Option<oneshot::Sender<()>>,
+) -> Outcome {
+    let service = &*env.name;
+    let mut store = match new_store(&rt.engine, env, &rt.config) {
+        Ok(store) => store,
+        Err(e) => {
+            started.take();
+            return Outcome::Failed(format!("cannot set up its sandbox: {e:#}"));
+        }
+    };
+    let grace = rt.config.grace_period;
+    match &svc.pre {
+        Pre::Service(pre) => {
+            let instance = pre.instantiate_async(&mut store).await;
+            if let Some(tx) = started.take() {
+                let _ = tx.send(());
+            }
+            let instance = match instance {
+                Ok(i) => i,
+                Err(e) => return failed("cannot instantiate", &e),
+            };
+            tracing::info!(service, kind = "service", "service running");
+            finish(env, Some(grace), instance.call_run(&mut store)).await
+        }
+        Pre::Command(pre) => {
+            let instance = pre.instantiate_async(&mut store).await;
+            if let Some(tx) = started.take() {
+                let _ = tx.send(());
+            }
+            let instance = match instance {
+                Ok(i) => i,
+                Err(e) => return failed("cannot instantiate", &e),
+            };
+            tracing::info!(service, kind = "command", "service running");
+            let run = async {
+                let r = instance.wasi_cli_run().call_run(&mut store).await;
+                r.map(|r| r.map_err(|()| "the command exited with an error".to_owned()))
+            };
+            // A command cannot hear the stop signal: no grace period.
+            finish(env, None, run).await
+        }
+    }
+}
+
+/// Awaits `run`, or, once the service must stop, gives it `grace` (if any) and then drops it.
+async fn finish(
+    env: &ServiceEnv,
+    grace: Option<Duration>,
+    run: impl Future<Output = wasmtime::Result<Result<(), String>>>,
+) -> Outcome {
+    let service = &*env.name;
+    tokio::pin!(run);
+    tokio::select! {
+        biased;
+        r = &mut run => outcome(r),
+        () = env.stopping.cancelled() => {
+            let Some(grace) = grace else {
+                tracing::info!(service, "stopping: command dropped at once");
+                return Outcome::Stopped;
+            };
+            match tokio::time::timeout(grace, &mut run).await {
+                Ok(r) => tracing::info!(service, outcome = ?outcome(r), "stopped within grace"),
+                Err(_) => tracing::warn!(service, ?grace, "grace period over: instance dropped"),
+            }
+            Outcome::Stopped
+        }
+    }
+}
+
+fn outcome(r: wasmtime::Result<Result<(), String>>) -> Outcome {
+    match r {
+        Ok(Ok(())) => Outcome::Returned,
+        Ok(Err(message)) => Outcome::Failed(format!("run returned an error: {message}")),
+        Err(e) if e.is::<Fenced>() => Outcome::Fenced,
+        Err(e) => match e.downcast_ref::<I32Exit>() {
+            Some(I32Exit(0)) => Outcome::Returned,
+            Some(I32Exit(code)) => Outcome::Failed(format!("exited with code {code}")),
+            None => failed("trapped", &e),
+        },
+    }
+}
+
+fn failed(what: &str, e: &wasmtime::Error) -> Outcome {
+    let reason = match e.downcast_ref::<Trap>() {
+        Some(trap) => format!("{what}: {trap}: {}", e.root_cause()),
+        None => format!("{what}: {}", e.root_cause()),
+    };
+    Outcome::Failed(reason)
+}

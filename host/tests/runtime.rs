@@ -1,0 +1,481 @@
+//! The Wasm services (SPEC §6, §7) end to end: real components from `guest-examples/` (built
+//! by its `build.sh` on first use) run by [`WasmServices`] under a lease in a [`MemStore`].
+
+#![allow(clippy::unwrap_used)]
+
+#[path = "support/guests.rs"]
+mod guests;
+#[path = "support/logs.rs"]
+mod logs;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tempfile::TempDir;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use vvm_host::elections::LeaseDeadline;
+use vvm_host::runtime::{
+    DirGrant, Grants, LoadErrorKind, RestartPolicy, RuntimeConfig, ServiceKind, WasmServices,
+};
+use vvm_host::services::{LeaseInfo, ServiceContext, Services};
+use vvm_host::store::{FencedKv, ManualClock, MemStore, TtlStore};
+use vvm_host::vvm::{Problem, ProblemReporter};
+
+const LEASE_KEY: &str = "vvm/slot/1";
+
+/// A services directory holding `guests` as `(guest, service name)`, with a config whose
+/// cache lives beside it.
+fn setup(guests: &[(&str, &str)]) -> (TempDir, RuntimeConfig) {
+    logs::init();
+    let dir = TempDir::new().unwrap();
+    guests::install(dir.path(), guests);
+    let mut config = RuntimeConfig::new(dir.path());
+    config.cache_dir = dir.path().join("cache");
+    config.grace_period = Duration::from_secs(5);
+    (dir, config)
+}
+
+fn tick_env(ms: u64) -> Grants {
+    Grants {
+        env: vec![("TICK_MS".into(), ms.to_string())],
+        ..Grants::default()
+    }
+}
+
+/// A store holding the lease `LEASE_KEY`, and a context for its term.
+struct Lease {
+    store: MemStore,
+    ctx: ServiceContext,
+}
+
+async fn lease(deadline: LeaseDeadline) -> Lease {
+    let store = MemStore::new(Arc::new(ManualClock::default()));
+    let ttl = Duration::from_secs(20);
+    let term = store
+        .insert_if_absent(LEASE_KEY, "host-a", ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    let ctx = ServiceContext {
+        lease: LeaseInfo {
+            slot: 1,
+            key: LEASE_KEY.into(),
+            holder: "host-a".into(),
+            term,
+            lease: ttl,
+        },
+        deadline,
+        stopping: CancellationToken::new(),
+        problems: ProblemReporter::default(),
+        store: Arc::new(store.clone()),
+    };
+    Lease { store, ctx }
+}
+
+fn far_deadline() -> LeaseDeadline {
+    LeaseDeadline::fixed(Instant::now() + Duration::from_secs(3600))
+}
+
+/// Waits up to 10 s for `cond`.
+async fn until(what: &str, mut cond: impl AsyncFnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !cond().await {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn kv(store: &MemStore, service: &str, key: &str) -> Option<String> {
+    store
+        .kv_get(service, key)
+        .await
+        .unwrap()
+        .map(|v| String::from_utf8(v).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn examples_run_under_a_lease_and_stop_on_stop() {
+    let (_dir, mut config) = setup(&[
+        ("rust-ticker", "ex-ticker"),
+        ("rust-counter", "ex-counter"),
+        ("rust-command", "ex-command"),
+    ]);
+    config.grants.insert("ex-ticker".into(), tick_env(20));
+    config.grants.insert("ex-counter".into(), tick_env(20));
+    config.grants.insert("ex-command".into(), tick_env(20));
+    let (services, errors) = WasmServices::load(config).unwrap();
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(
+        services.services(),
+        vec![
+            ("ex-command".into(), ServiceKind::Command),
+            ("ex-counter".into(), ServiceKind::Service),
+            ("ex-ticker".into(), ServiceKind::Service),
+        ]
+    );
+    let l = lease(far_deadline()).await;
+    let term = l.ctx.lease.term;
+    let running = services.start(l.ctx.clone()).await.unwrap();
+
+    until("ticker logs its term", async || {
+        logs::count("ex-ticker", &format!("tick 3: term {term}")) > 0
+    })
+    .await;
+    until("counter counts in the kv", async || {
+        kv(&l.store, "ex-counter", "count")
+            .await
+            .is_some_and(|c| c.parse::<u64>().unwrap() >= 3)
+    })
+    .await;
+    until("command prints lines", async || {
+        logs::of("ex-command")
+            .iter()
+            .any(|l| l.stream.as_deref() == Some("stdout") && l.message == "rust-command line 3")
+    })
+    .await;
+    assert!(
+        logs::of("ex-command")
+            .iter()
+            .any(|l| l.stream.as_deref() == Some("stderr")),
+        "stderr is logged too"
+    );
+
+    // All three hear (or, the command, are dropped at) the stop well within the 5 s grace.
+    let started = std::time::Instant::now();
+    running.stop().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(logs::count("ex-ticker", "ticker stopping"), 1);
+    assert_eq!(logs::count("ex-command", "command dropped at once"), 1);
+    let count = kv(&l.store, "ex-counter", "count").await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        kv(&l.store, "ex-counter", "count").await,
+        count,
+        "nothing runs after stop"
+    );
+    assert_eq!(l.ctx.problems.get(), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_files_are_rejected_by_name_while_a_good_one_runs() {
+    let (_dir, mut config) = setup(&[
+        ("test/empty", "bad-empty"),
+        ("test/truncated", "bad-truncated"),
+        ("test/core-module", "bad-core"),
+        ("test/other-world", "bad-world"),
+        ("rust-ticker", "good-ticker"),
+    ]);
+    config.grants.insert("good-ticker".into(), tick_env(20));
+    let (services, errors) = WasmServices::load(config).unwrap();
+    let rejected: Vec<(String, String)> = errors
+        .iter()
+        .map(|e| {
+            let file = e.path.file_name().unwrap().to_string_lossy().into_owned();
+            assert!(e.to_string().contains(&file), "message names the file: {e}");
+            (file, e.kind.to_string())
+        })
+        .collect();
+    assert_eq!(rejected.len(), 4, "{rejected:#?}");
+    let reason = |file: &str| &rejected.iter().find(|(f, _)| f == file).unwrap().1;
+    assert!(reason("bad-empty.wasm").contains("empty file"));
+    assert!(reason("bad-core.wasm").contains("core WebAssembly module"));
+    assert!(reason("bad-truncated.wasm").starts_with("not a valid component"));
+    assert!(reason("bad-world.wasm").contains("exports neither `run`"));
+    assert!(reason("bad-world.wasm").contains("greet"));
+    assert!(matches!(
+        errors
+            .iter()
+            .find(|e| e.path.ends_with("bad-world.wasm"))
+            .unwrap()
+            .kind,
+        LoadErrorKind::World(_)
+    ));
+    assert_eq!(
+        services.services(),
+        vec![("good-ticker".into(), ServiceKind::Service)]
+    );
+
+    let l = lease(far_deadline()).await;
+    let running = services.start(l.ctx.clone()).await.unwrap();
+    until("the good service ticks", async || {
+        logs::count("good-ticker", "tick 3:") > 0
+    })
+    .await;
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spinning_guest_is_dropped_after_the_grace_period() {
+    let (_dir, mut config) = setup(&[("test/spin", "spinner"), ("rust-ticker", "spin-ticker")]);
+    config.grants.insert("spin-ticker".into(), tick_env(10));
+    config.grace_period = Duration::from_millis(300);
+    let (services, _) = WasmServices::load(config).unwrap();
+    let l = lease(far_deadline()).await;
+    let running = services.start(l.ctx.clone()).await.unwrap();
+    until("the spinner spins", async || {
+        logs::count("spinner", "spinning") > 0
+    })
+    .await;
+    // Epoch preemption: the other service keeps running beside the spinning one.
+    let ticks = logs::count("spin-ticker", "tick ");
+    until("the ticker ticks beside it", async || {
+        logs::count("spin-ticker", "tick ") >= ticks + 5
+    })
+    .await;
+
+    let started = std::time::Instant::now();
+    running.stop().await;
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(300),
+        "waited the grace period: {took:?}"
+    );
+    assert!(
+        took < Duration::from_millis(1300),
+        "then dropped it: {took:?}"
+    );
+    assert_eq!(logs::count("spinner", "grace period over"), 1);
+    assert_eq!(logs::count("spin-ticker", "grace period over"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_hog_is_stopped_at_the_cap() {
+    let (_dir, mut config) = setup(&[("test/hog", "hog")]);
+    config.memory_cap = 32 << 20;
+    config.restart = RestartPolicy {
+        initial_backoff: Duration::from_millis(10),
+        max_failures: 2,
+        ..RestartPolicy::default()
+    };
+    let (services, _) = WasmServices::load(config).unwrap();
+    let l = lease(far_deadline()).await;
+    let running = services.start(l.ctx.clone()).await.unwrap();
+    let problem = tokio::time::timeout(Duration::from_secs(10), l.ctx.problems.wait())
+        .await
+        .expect("the hog fails at its cap");
+    let Problem::Service { name, reason } = problem else {
+        panic!("{problem:?}")
+    };
+    assert_eq!(name, "hog");
+    assert!(reason.contains("memory"), "{reason}");
+    assert_eq!(logs::count("hog", "hogging memory"), 2);
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_guest_is_restarted_with_backoff_then_escalated() {
+    let (_dir, mut config) = setup(&[("test/trap", "trapper")]);
+    config.restart = RestartPolicy {
+        initial_backoff: Duration::from_millis(100),
+        max_backoff: Duration::from_secs(1),
+        max_failures: 3,
+        window: Duration::from_secs(60),
+    };
+    let (services, _) = WasmServices::load(config).unwrap();
+    let l = lease(far_deadline()).await;
+    let started = std::time::Instant::now();
+    let running = services.start(l.ctx.clone()).await.unwrap();
+    let problem = tokio::time::timeout(Duration::from_secs(10), l.ctx.problems.wait())
+        .await
+        .expect("escalated");
+    // Three runs, with 100 ms then 200 ms between them.
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(logs::count("trapper", "service running"), 3);
+    assert!(
+        logs::count("trapper", "failing on purpose") >= 1,
+        "the panic reached the log"
+    );
+    let Problem::Service { name, reason } = problem else {
+        panic!("{problem:?}")
+    };
+    assert_eq!(name, "trapper");
+    assert!(reason.contains("failed 3 times"), "{reason}");
+    assert!(reason.contains("trapped"), "{reason}");
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_and_sockets_are_denied_unless_granted() {
+    let (dir, mut config) = setup(&[("test/nosy", "nosy-denied"), ("test/nosy", "nosy-granted")]);
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::write(data.join("secret.txt"), "hello").unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    // The denied guest is pointed at the same file and address through granted env only.
+    let env = vec![
+        ("NOSY_FILE".to_owned(), "/data/secret.txt".to_owned()),
+        ("NOSY_ADDR".to_owned(), addr.to_string()),
+    ];
+    config.grants.insert(
+        "nosy-denied".into(),
+        Grants {
+            env: env.clone(),
+            ..Grants::default()
+        },
+    );
+    config.grants.insert(
+        "nosy-granted".into(),
+        Grants {
+            env,
+            dirs: vec![DirGrant {
+                host: data,
+                guest: "/data".into(),
+                read_only: true,
+            }],
+            network: true,
+        },
+    );
+    let (services, _) = WasmServices::load(config).unwrap();
+    let l = lease(far_deadline()).await;
+    let running = services.start(l.ctx.clone()).await.unwrap();
+    for service in ["nosy-denied", "nosy-granted"] {
+        until("the guest records its attempts", async || {
+            kv(&l.store, service, "socket").await.is_some()
+        })
+        .await;
+    }
+    let denied_file = kv(&l.store, "nosy-denied", "file").await.unwrap();
+    let denied_socket = kv(&l.store, "nosy-denied", "socket").await.unwrap();
+    assert!(denied_file.starts_with("denied"), "{denied_file}");
+    assert!(denied_socket.starts_with("denied"), "{denied_socket}");
+    assert_eq!(
+        kv(&l.store, "nosy-granted", "file").await.unwrap(),
+        "allowed: read 5 bytes"
+    );
+    assert_eq!(
+        kv(&l.store, "nosy-granted", "socket").await.unwrap(),
+        "allowed: connected"
+    );
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_effect_after_the_lease_deadline() {
+    let (_dir, mut config) = setup(&[("rust-counter", "fenced-counter")]);
+    config.grants.insert("fenced-counter".into(), tick_env(10));
+    config.restart.initial_backoff = Duration::from_millis(20);
+    let (services, _) = WasmServices::load(config).unwrap();
+    let (move_deadline, deadline) =
+        LeaseDeadline::manual(Instant::now() + Duration::from_secs(3600));
+    let l = lease(deadline).await;
+    let running = services.start(l.ctx.clone()).await.unwrap();
+    let count = async || {
+        kv(&l.store, "fenced-counter", "count")
+            .await
+            .map_or(0, |c| c.parse::<u64>().unwrap())
+    };
+    until("the counter counts", async || count().await >= 3).await;
+
+    // The lease deadline passes (the host stalled; the store still says we lead).
+    move_deadline.send(Instant::now()).unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let frozen = count().await;
+    let lines = logs::count("fenced-counter", "count ");
+    let runs = logs::count("fenced-counter", "service running");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(count().await, frozen, "no kv write after the deadline");
+    assert_eq!(
+        logs::count("fenced-counter", "count "),
+        lines,
+        "no log line after it"
+    );
+    assert_eq!(
+        logs::count("fenced-counter", "service running"),
+        runs,
+        "not restarted"
+    );
+    assert!(logs::count("fenced-counter", "lease deadline passed") >= 1);
+    assert_eq!(
+        l.ctx.problems.get(),
+        None,
+        "fencing is not the guest's failure"
+    );
+
+    // A renewal moves the deadline: the service runs again and counts on.
+    move_deadline
+        .send(Instant::now() + Duration::from_secs(3600))
+        .unwrap();
+    until("counting resumes", async || count().await > frozen).await;
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_under_an_older_term_is_rejected() {
+    let (_dir, mut config) = setup(&[("rust-counter", "stale-counter")]);
+    config.restart.max_failures = 1;
+    let (services, _) = WasmServices::load(config).unwrap();
+    let l = lease(far_deadline()).await;
+    // Another host acquires the slot after ours expired: the store's term moves on.
+    assert!(
+        l.store
+            .compare_and_delete(LEASE_KEY, "host-a")
+            .await
+            .unwrap()
+    );
+    let newer = l
+        .store
+        .insert_if_absent(LEASE_KEY, "host-b", Duration::from_secs(20))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(newer > l.ctx.lease.term);
+    let running = services.start(l.ctx.clone()).await.unwrap();
+    let problem = tokio::time::timeout(Duration::from_secs(10), l.ctx.problems.wait())
+        .await
+        .expect("the counter fails");
+    assert!(problem.to_string().contains("stale term"), "{problem}");
+    assert_eq!(kv(&l.store, "stale-counter", "count").await, None);
+    assert_eq!(logs::count("stale-counter", "set failed: stale term"), 1);
+    running.stop().await;
+}
+
+#[test]
+fn a_compile_cache_hit_skips_compilation() {
+    let (dir, config) = setup(&[("rust-ticker", "cached-a"), ("rust-command", "cached-b")]);
+    let (first, _) = WasmServices::load(config.clone()).unwrap();
+    assert_eq!((first.stats().compiled, first.stats().cache_hits), (2, 0));
+    let (second, _) = WasmServices::load(config.clone()).unwrap();
+    assert_eq!((second.stats().compiled, second.stats().cache_hits), (0, 2));
+    assert_eq!(first.services(), second.services());
+
+    // A damaged cache entry is compiled again, not trusted. (Replaced, not rewritten in
+    // place: the loaded components map their cache files.)
+    for entry in std::fs::read_dir(dir.path().join("cache")).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, b"garbage").unwrap();
+    }
+    let (third, errors) = WasmServices::load(config).unwrap();
+    assert!(errors.is_empty());
+    assert_eq!((third.stats().compiled, third.stats().cache_hits), (2, 0));
+}
+
+#[test]
+fn check_reports_every_file() {
+    let (_dir, config) = setup(&[("rust-ticker", "ok-ticker"), ("test/empty", "broken")]);
+    let report = vvm_host::runtime::check(config).unwrap();
+    assert!(!report.is_ok());
+    assert_eq!(
+        report.services,
+        vec![("ok-ticker".into(), ServiceKind::Service)]
+    );
+    assert_eq!(report.errors.len(), 1);
+    assert!(
+        report.errors[0]
+            .to_string()
+            .contains("broken.wasm: not a valid component: empty file")
+    );
+}

@@ -1,0 +1,100 @@
+//! Test support: every tracing event of the test binary, captured so tests can see what a
+//! guest logged (events carry the service name in the `service` field).
+
+use std::fmt::Debug;
+use std::sync::{Mutex, OnceLock, PoisonError};
+
+use tracing::field::{Field, Visit};
+use tracing_subscriber::layer::{Context, SubscriberExt};
+use tracing_subscriber::{EnvFilter, Layer};
+
+/// One captured event.
+#[derive(Clone, Debug)]
+pub struct Line {
+    /// The `service` field, if any.
+    pub service: Option<String>,
+    /// The `stream` field (`stdout`/`stderr`) for guest output.
+    pub stream: Option<String>,
+    /// The message.
+    pub message: String,
+}
+
+static LINES: Mutex<Vec<Line>> = Mutex::new(Vec::new());
+
+struct Capture;
+
+#[derive(Default)]
+struct Fields {
+    service: Option<String>,
+    stream: Option<String>,
+    message: String,
+}
+
+impl Visit for Fields {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        match field.name() {
+            "service" => self.service = Some(value.to_owned()),
+            "stream" => self.stream = Some(value.to_owned()),
+            "message" => self.message = value.to_owned(),
+            _ => {}
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn Debug) {
+        match field.name() {
+            "service" => self.service = Some(format!("{value:?}")),
+            "message" => self.message = format!("{value:?}"),
+            _ => {}
+        }
+    }
+}
+
+impl<S: tracing::Subscriber> Layer<S> for Capture {
+    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        LINES
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Line {
+                service: fields.service,
+                stream: fields.stream,
+                message: fields.message,
+            });
+    }
+}
+
+/// Installs the capture (once per process); also prints events when `RUST_LOG` is set.
+pub fn init() {
+    static INIT: OnceLock<()> = OnceLock::new();
+    INIT.get_or_init(|| {
+        let print = std::env::var("RUST_LOG").is_ok().then(|| {
+            tracing_subscriber::fmt::layer()
+                .with_test_writer()
+                .with_filter(EnvFilter::from_default_env())
+        });
+        let subscriber = tracing_subscriber::registry()
+            .with(Capture.with_filter(EnvFilter::new("vvm_host=trace")))
+            .with(print);
+        tracing::subscriber::set_global_default(subscriber).expect("one global subscriber");
+    });
+}
+
+/// The captured lines of `service`.
+pub fn of(service: &str) -> Vec<Line> {
+    LINES
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .iter()
+        .filter(|l| l.service.as_deref() == Some(service))
+        .cloned()
+        .collect()
+}
+
+/// How many lines of `service` contain `text`.
+pub fn count(service: &str, text: &str) -> usize {
+    of(service)
+        .iter()
+        .filter(|l| l.message.contains(text))
+        .count()
+}
