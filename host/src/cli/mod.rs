@@ -11,6 +11,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{self, ConfigError, DEFAULT_CONFIG_FILE, FileConfig, GrantConfig};
+use crate::runtime::{DirGrant, Grants, RuntimeConfig};
 use crate::store::{EtcdOptions, RedbStore, Store, StoreError};
 
 /// Exit code for bad settings or a store that cannot be opened.
@@ -195,6 +196,21 @@ impl Settings {
         Ok(settings)
     }
 
+    /// The Wasm runtime's configuration: directories, limits and per-service grants.
+    ///
+    /// # Errors
+    /// When a grant in the file is malformed.
+    pub fn runtime_config(&self) -> Result<RuntimeConfig, ConfigError> {
+        let mut config = RuntimeConfig::new(&self.services);
+        config.cache_dir.clone_from(&self.cache_dir);
+        config.grace_period = self.grace_period;
+        config.memory_cap = usize::try_from(self.memory_limit).unwrap_or(usize::MAX);
+        for (name, grant) in &self.grants {
+            config.grants.insert(name.clone(), grants(name, grant)?);
+        }
+        Ok(config)
+    }
+
     /// Opens the configured store: etcd for an `etcd://` URL, else a redb file.
     ///
     /// # Errors
@@ -215,6 +231,43 @@ impl Settings {
             Ok(Arc::new(RedbStore::open(self.store.as_ref()).await?))
         }
     }
+}
+
+/// Turns a `[service.NAME]` table into runtime grants: `dirs` entries are `host[:guest][:ro]`,
+/// `env` entries `NAME=value`.
+fn grants(name: &str, grant: &GrantConfig) -> Result<Grants, ConfigError> {
+    let invalid = |reason: String| ConfigError::Invalid {
+        name: "service.*",
+        reason: format!("service {name}: {reason}"),
+    };
+    let mut dirs = Vec::new();
+    for spec in &grant.dirs {
+        let (spec, read_only) = match spec.strip_suffix(":ro") {
+            Some(rest) => (rest, true),
+            None => (spec.as_str(), false),
+        };
+        let (host, guest) = spec.split_once(':').unwrap_or((spec, spec));
+        if host.is_empty() || guest.is_empty() {
+            return Err(invalid(format!("dir grant {spec:?} is not host[:guest][:ro]")));
+        }
+        dirs.push(DirGrant {
+            host: host.into(),
+            guest: guest.into(),
+            read_only,
+        });
+    }
+    let mut env = Vec::new();
+    for pair in &grant.env {
+        let Some((k, v)) = pair.split_once('=') else {
+            return Err(invalid(format!("env grant {pair:?} is not NAME=value")));
+        };
+        env.push((k.to_owned(), v.to_owned()));
+    }
+    Ok(Grants {
+        dirs,
+        env,
+        network: grant.network,
+    })
 }
 
 /// Sets up logging to stderr: `RUST_LOG` filter (default `info`), text or JSON lines.

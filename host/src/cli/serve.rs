@@ -7,7 +7,7 @@ use anyhow::Context;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use super::{EXIT_INTERRUPTED, ServeArgs, Settings};
-use crate::runtime::{RuntimeConfig, WasmServices};
+use crate::runtime::WasmServices;
 use crate::services::Services;
 use crate::vvm::{Vvm, VvmConfig, holder_value};
 
@@ -91,12 +91,12 @@ pub(super) async fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Compiles (or loads from cache) every service before campaigning; bad files are reported
-/// by name and reason and the others still run.
+/// by name and reason (by the runtime) and the others still run.
 async fn load_services(settings: &Settings) -> anyhow::Result<Arc<dyn Services>> {
-    let config = RuntimeConfig::from_settings(settings);
-    let (services, rejected) = WasmServices::load(config).await?;
-    for bad in &rejected {
-        tracing::error!(error = %bad, "service rejected");
-    }
+    let config = settings.runtime_config()?;
+    // Compiling is CPU-bound and blocking: keep it off the async workers.
+    let (services, _rejected) = tokio::task::spawn_blocking(move || WasmServices::load(config))
+        .await
+        .context("loading services")??;
     Ok(Arc::new(services))
 }

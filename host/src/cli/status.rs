@@ -29,20 +29,20 @@ pub(super) async fn status(args: &StoreArgs) -> anyhow::Result<ExitCode> {
 /// Validates every component in `dir` (world, imports) without serving.
 pub(super) async fn check(dir: Option<PathBuf>, args: &StoreArgs) -> anyhow::Result<ExitCode> {
     let settings = Settings::resolve(args, None)?;
-    let dir = dir.unwrap_or(settings.services);
-    let report = crate::runtime::check_dir(&dir).await?;
-    let mut bad = 0;
-    for entry in &report {
-        match &entry.result {
-            Ok(world) => println!("ok    {} ({world})", entry.path.display()),
-            Err(e) => {
-                bad += 1;
-                println!("error {}: {e}", entry.path.display());
-            }
-        }
+    let mut config = settings.runtime_config()?;
+    if let Some(dir) = dir {
+        config.cache_dir = dir.join(".cache");
+        config.services_dir = dir;
     }
-    println!("{} ok, {bad} bad", report.len() - bad);
-    Ok(if bad == 0 {
+    let report = tokio::task::spawn_blocking(move || crate::runtime::check(config)).await??;
+    for (name, world) in &report.services {
+        println!("ok    {name} ({world})");
+    }
+    for e in &report.errors {
+        println!("error {e}");
+    }
+    println!("{} ok, {} bad", report.services.len(), report.errors.len());
+    Ok(if report.is_ok() {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
