@@ -3,7 +3,11 @@
 #   out/*.wasm       the examples (a services directory you can serve as is)
 #   out/test/*.wasm  test guests and deliberately bad files for the host's tests
 #
-# Needs: cargo with the wasm32-wasip2 target (`rustup target add wasm32-wasip2`).
+# Needs: cargo with the wasm32-wasip2 target (`rustup target add wasm32-wasip2`), python3
+# (>= 3.10, with venv and pip) and node (>= 18) with npm. The Python and JavaScript toolchains
+# are pinned (python-ticker/requirements.txt, js-ticker/package-lock.json) and installed here
+# on first use: componentize-py into .venv/, componentize-js into js-ticker/node_modules/.
+# A component is rebuilt only when a source, the WIT or the pinned toolchain is newer.
 # To add a guest in another language, add a build_<lang> function below and call it at the
 # end; each one writes its components into "$out" or "$out/test".
 set -euo pipefail
@@ -34,6 +38,45 @@ build_rust() {
     done
 }
 
+wit="$here/../wit"
+
+# True if $1 is missing or older than any file under the other arguments.
+stale() {
+    local target=$1
+    shift
+    [[ ! -e "$target" ]] || [[ -n "$(find "$@" -newer "$target" -print -quit)" ]]
+}
+
+build_python() {
+    local src="$here/python-ticker" venv="$here/.venv"
+    # (Re)install the pinned componentize-py when the pin is newer than the last install.
+    if stale "$venv/.installed" "$src/requirements.txt"; then
+        python3 -m venv "$venv"
+        "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$src/requirements.txt"
+        touch "$venv/.installed"
+    fi
+    if stale "$out/python-ticker.wasm" "$src" "$wit" "$venv/.installed"; then
+        # Bindings are generated into the build, not kept in the tree.
+        "$venv/bin/componentize-py" --quiet -d "$wit" -w service componentize \
+            -p "$src" app -o "$out/python-ticker.wasm.tmp"
+        mv "$out/python-ticker.wasm.tmp" "$out/python-ticker.wasm"
+    fi
+}
+
+build_js() {
+    local src="$here/js-ticker" installed="$here/js-ticker/node_modules/.installed"
+    # Install the locked componentize-js when the lock is newer than the last install. Not
+    # `npm ci`: the lock lacks some other platforms' optional binaries, which `npm ci` rejects.
+    if stale "$installed" "$src/package-lock.json"; then
+        (cd "$src" && npm install --no-audit --no-fund --loglevel=error)
+        touch "$installed"
+    fi
+    if stale "$out/js-ticker.wasm" "$src/ticker.js" "$src/build.mjs" "$wit" "$installed"; then
+        node "$src/build.mjs" "$out/js-ticker.wasm.tmp"
+        mv "$out/js-ticker.wasm.tmp" "$out/js-ticker.wasm"
+    fi
+}
+
 bad_files() {
     # Not components: an empty file, a component cut in half, a core module.
     : >"$out/test/empty.wasm"
@@ -44,4 +87,6 @@ bad_files() {
 }
 
 build_rust
+build_python
+build_js
 bad_files
