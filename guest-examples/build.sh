@@ -55,7 +55,7 @@ build_python() {
         "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$src/requirements.txt"
         touch "$venv/.installed"
     fi
-    if stale "$out/python-ticker.wasm" "$src" "$wit" "$venv/.installed"; then
+    if stale "$out/python-ticker.wasm" "$src"/*.py "$wit" "$venv/.installed"; then
         # Bindings are generated into the build, not kept in the tree.
         "$venv/bin/componentize-py" --quiet -d "$wit" -w service componentize \
             -p "$src" app -o "$out/python-ticker.wasm.tmp"
