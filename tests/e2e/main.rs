@@ -1,5 +1,6 @@
 //! End-to-end tests: real `vvm-host` processes sharing one store (SPEC §5, §8).
 
+mod guests;
 mod support;
 
 use std::path::Path;

@@ -1,0 +1,141 @@
+//! The Python and JavaScript example services (`guest-examples/`) under the real
+//! `vvm-host serve` (SPEC §6, §7, §9): they see the lease, count in the fenced key-value
+//! store, return when told to stop, and a restart loads them from the compile cache.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use rustix::process::Signal;
+use serde_json::Value;
+
+use crate::support::{self, Host, Line};
+
+/// The compile cache must make the second load at least this many times faster.
+const CACHE_SPEEDUP: u32 = 10;
+
+/// A directory with `services/<example>.wasm` and a config granting it a 50 ms tick.
+fn example_dir(example: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let services = dir.path().join("services");
+    std::fs::create_dir(&services).unwrap();
+    let wasm = format!("{example}.wasm");
+    std::fs::copy(support::guests().join(&wasm), services.join(&wasm)).unwrap();
+    std::fs::write(
+        dir.path().join("vvm.toml"),
+        format!("[service.{example}]\nenv = [\"TICK_MS=50\"]\n"),
+    )
+    .unwrap();
+    dir
+}
+
+/// The structured fields of a JSON log line.
+fn fields(line: &Line) -> Value {
+    let v: Value = serde_json::from_str(&line.text).unwrap();
+    v["fields"].clone()
+}
+
+/// The message of a guest log line, e.g. `tick 3: term 1 count 3`.
+fn message(line: &Line) -> String {
+    fields(line)["message"].as_str().unwrap().to_owned()
+}
+
+/// The number after `word ` in `text`.
+fn number_after(text: &str, word: &str) -> u64 {
+    let rest = &text[text.find(&format!("{word} ")).unwrap() + word.len() + 1..];
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().unwrap()
+}
+
+/// What one run of `vvm-host serve` showed.
+struct Run {
+    /// From spawning the host to its `services loaded` line.
+    load: Duration,
+    term: u64,
+    /// The counts the guest wrote, in order.
+    counts: Vec<u64>,
+}
+
+/// Serves `example` in `dir` until it has ticked three times, then stops the host with
+/// SIGTERM; checks the guest logged the host's term, counted in the kv store and returned.
+fn serve_once(name: &'static str, dir: &Path, example: &str, cached: bool) -> Run {
+    let spawned = Instant::now();
+    let mut host = Host::start(
+        name,
+        dir,
+        &["serve", "--lease", "5s", "--cache-dir", "cache", "--grace-period", "2s"],
+    );
+    let loaded = host.wait_for(&["services loaded"]);
+    let (compiled, hits) = if cached { (0, 1) } else { (1, 0) };
+    assert_eq!(fields(&loaded)["compiled"], compiled, "{}", loaded.text);
+    assert_eq!(fields(&loaded)["cache_hits"], hits, "{}", loaded.text);
+    let load = loaded.at.duration_since(spawned);
+
+    let service = format!("\"service\":\"{example}\"");
+    let term = fields(&host.wait_for(&["\"acquired\""]))["term"]
+        .as_u64()
+        .unwrap();
+    let started = message(&host.wait_for(&[&service, "ticker started"]));
+    assert_eq!(number_after(&started, "term"), term, "{started}");
+    host.wait_for(&[&service, "tick 3:"]);
+
+    host.signal(Signal::TERM);
+    host.wait_for(&[&service, "ticker stopping"]);
+    host.wait_for(&[&service, "stopped within grace"]);
+    assert!(host.wait_exit().success(), "{name} did not exit 0 on SIGTERM");
+
+    let ticks: Vec<String> = host
+        .lines()
+        .iter()
+        .filter(|l| l.text.contains(&service) && l.text.contains("tick "))
+        .map(message)
+        .collect();
+    for tick in &ticks {
+        assert_eq!(number_after(tick, "term"), term, "{tick}");
+    }
+    let counts = ticks.iter().map(|t| number_after(t, "count")).collect();
+    Run { load, term, counts }
+}
+
+/// Two leaderships of `example` in one directory (store and cache): the counter goes on
+/// where the first left it, under a newer term, and the second load hits the cache.
+fn example_runs_under_serve(example: &str) {
+    let dir = example_dir(example);
+    let first = serve_once("first", dir.path(), example, false);
+    assert_eq!(first.counts[..3], [1, 2, 3], "{example} must count from 1");
+    assert!(
+        first.counts.windows(2).all(|w| w[1] == w[0] + 1),
+        "{:?}",
+        first.counts
+    );
+
+    let second = serve_once("second", dir.path(), example, true);
+    assert!(second.term > first.term, "a new leadership has a newer term");
+    let last = *first.counts.last().unwrap();
+    assert_eq!(
+        second.counts[0],
+        last + 1,
+        "{example} must go on from the count the first leadership stored"
+    );
+
+    eprintln!(
+        "{example}: first load (compile) {:?}, second load (cache) {:?}",
+        first.load, second.load
+    );
+    assert!(
+        first.load >= second.load * CACHE_SPEEDUP,
+        "{example}: loading from the cache ({:?}) is not {CACHE_SPEEDUP}x faster than \
+         compiling ({:?})",
+        second.load,
+        first.load
+    );
+}
+
+#[test]
+fn python_example_counts_under_its_term_stops_on_sigterm_and_restarts_from_cache() {
+    example_runs_under_serve("python-ticker");
+}
+
+#[test]
+fn js_example_counts_under_its_term_stops_on_sigterm_and_restarts_from_cache() {
+    example_runs_under_serve("js-ticker");
+}
