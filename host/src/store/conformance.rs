@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Fence, ManualClock, Store};
+use super::{Fence, FencedKv, ManualClock, Store, TtlStore};
 
 /// How the suite opens a backend and moves its clock.
 pub(crate) trait Backend: Send {
