@@ -95,8 +95,9 @@ impl RedbStore {
     /// database or was written with an incompatible schema version, or the kernel boot id
     /// cannot be read; transient for I/O that may pass.
     pub async fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
-        let clock = SystemClock::new()
-            .map_err(|e| StoreError::permanent("reading the kernel boot id for the store clock", e))?;
+        let clock = SystemClock::new().map_err(|e| {
+            StoreError::permanent("reading the kernel boot id for the store clock", e)
+        })?;
         Self::open_with_clock(path, Arc::new(clock)).await
     }
 
@@ -224,7 +225,10 @@ impl RedbStore {
     /// How many releases the file has recorded; see [`RELEASES_KEY`].
     async fn releases(&self) -> Result<u64, StoreError> {
         self.read("read the release counter", |txn, _| {
-            Ok(txn.open_table(META)?.get(RELEASES_KEY)?.map_or(0, |v| v.value()))
+            Ok(txn
+                .open_table(META)?
+                .get(RELEASES_KEY)?
+                .map_or(0, |v| v.value()))
         })
         .await
     }
@@ -403,11 +407,13 @@ impl TtlStore for RedbStore {
         let key = key.to_owned();
         self.read("get", move |txn, now| {
             let leases = txn.open_table(LEASES)?;
-            Ok(live_lease(&leases, &key, now)?.map(|(lease, time_left)| Record {
-                value: lease.value,
-                term: lease.term,
-                time_left,
-            }))
+            Ok(
+                live_lease(&leases, &key, now)?.map(|(lease, time_left)| Record {
+                    value: lease.value,
+                    term: lease.term,
+                    time_left,
+                }),
+            )
         })
         .await
     }
@@ -434,7 +440,11 @@ impl TtlStore for RedbStore {
             return;
         };
         loop {
-            let poll = if changes.is_some() { SAFETY_POLL } else { FALLBACK_POLL };
+            let poll = if changes.is_some() {
+                SAFETY_POLL
+            } else {
+                FALLBACK_POLL
+            };
             let file_written = async {
                 match &mut changes {
                     Some(rx) => {
@@ -467,7 +477,9 @@ impl FencedKv for RedbStore {
         let (space, key) = (space.to_owned(), key.to_owned());
         self.read("kv_get", move |txn, _| {
             let kv = txn.open_table(KV)?;
-            Ok(kv.get((space.as_str(), key.as_str()))?.map(|v| v.value().to_vec()))
+            Ok(kv
+                .get((space.as_str(), key.as_str()))?
+                .map(|v| v.value().to_vec()))
         })
         .await
     }

@@ -86,7 +86,9 @@ impl Fault {
         matches!(
             self,
             Self::Redb(
-                redb::Error::PreviousIo | redb::Error::DatabaseClosed | redb::Error::LockPoisoned(_)
+                redb::Error::PreviousIo
+                    | redb::Error::DatabaseClosed
+                    | redb::Error::LockPoisoned(_)
             )
         )
     }
@@ -165,10 +167,18 @@ mod tests {
 
     #[test]
     fn io_errors_of_the_file_are_permanent_others_transient() {
-        for kind in [ErrorKind::NotFound, ErrorKind::PermissionDenied, ErrorKind::InvalidData] {
+        for kind in [
+            ErrorKind::NotFound,
+            ErrorKind::PermissionDenied,
+            ErrorKind::InvalidData,
+        ] {
             assert!(!io(kind).is_transient(), "{kind:?}");
         }
-        for kind in [ErrorKind::Interrupted, ErrorKind::TimedOut, ErrorKind::StorageFull] {
+        for kind in [
+            ErrorKind::Interrupted,
+            ErrorKind::TimedOut,
+            ErrorKind::StorageFull,
+        ] {
             assert!(io(kind).is_transient(), "{kind:?}");
         }
     }
@@ -191,7 +201,10 @@ mod tests {
         .into_store_error(Path::new("/srv/x.redb"), "open");
         assert!(!e.is_transient());
         let text = e.to_string();
-        assert!(text.contains("/srv/x.redb") && text.contains("open"), "{text}");
+        assert!(
+            text.contains("/srv/x.redb") && text.contains("open"),
+            "{text}"
+        );
         assert!(text.contains("schema version 9"), "{text}");
     }
 }

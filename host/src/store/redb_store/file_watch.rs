@@ -31,7 +31,10 @@ impl FileWatch {
         inotify::add_watch(
             &inotify,
             path,
-            WatchFlags::MODIFY | WatchFlags::ATTRIB | WatchFlags::DELETE_SELF | WatchFlags::MOVE_SELF,
+            WatchFlags::MODIFY
+                | WatchFlags::ATTRIB
+                | WatchFlags::DELETE_SELF
+                | WatchFlags::MOVE_SELF,
         )?;
         let stop = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
         let stop_rx = stop.try_clone()?;
@@ -122,7 +125,10 @@ mod tests {
         let quiet = tokio::time::timeout(Duration::from_millis(100), rx.changed()).await;
         assert!(quiet.is_err(), "no write, no change");
         // Another handle of the file, as another process would have.
-        let mut file = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
         file.write_all(b"1").unwrap();
         tokio::time::timeout(Duration::from_secs(5), rx.changed())
             .await

@@ -43,10 +43,10 @@ fn reports(child: &mut Child) -> mpsc::Receiver<u64> {
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines() {
             let Ok(line) = line else { break };
-            if let Some(n) = line.strip_prefix("@@ ").and_then(|n| n.parse().ok()) {
-                if tx.send(n).is_err() {
-                    break;
-                }
+            if let Some(n) = line.strip_prefix("@@ ").and_then(|n| n.parse().ok())
+                && tx.send(n).is_err()
+            {
+                break;
             }
         }
     });
@@ -113,12 +113,23 @@ async fn increment(store: &RedbStore) {
 }
 
 async fn counter(store: &RedbStore) -> u64 {
-    store.get(COUNTER).await.unwrap().unwrap().value.parse().unwrap()
+    store
+        .get(COUNTER)
+        .await
+        .unwrap()
+        .unwrap()
+        .value
+        .parse()
+        .unwrap()
 }
 
 async fn new_counter(path: &Path) -> RedbStore {
     let store = RedbStore::open(path).await.unwrap();
-    store.insert_if_absent(COUNTER, "0", TTL).await.unwrap().unwrap();
+    store
+        .insert_if_absent(COUNTER, "0", TTL)
+        .await
+        .unwrap()
+        .unwrap();
     store
 }
 
@@ -127,12 +138,19 @@ async fn two_processes_hammering_cas_lose_no_update() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.redb");
     let store = new_counter(&path).await;
-    let mut children = [spawn_child("increment 150", &path), spawn_child("increment 150", &path)];
+    let mut children = [
+        spawn_child("increment 150", &path),
+        spawn_child("increment 150", &path),
+    ];
     let deadline = Instant::now() + CHILD_DEADLINE;
     for child in &mut children {
         assert!(wait_success(child, deadline), "a child failed");
     }
-    assert_eq!(counter(&store).await, 300, "every committed increment is there");
+    assert_eq!(
+        counter(&store).await,
+        300,
+        "every committed increment is there"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -152,14 +170,20 @@ async fn process_killed_mid_run_leaves_the_file_usable_and_the_other_working() {
             .recv_timeout(deadline.saturating_duration_since(Instant::now()))
             .expect("the victim makes progress");
     }
-    assert!(survivor.try_wait().unwrap().is_none(), "the survivor was still writing");
+    assert!(
+        survivor.try_wait().unwrap().is_none(),
+        "the survivor was still writing"
+    );
     victim.kill().unwrap(); // SIGKILL
     victim.wait().unwrap();
     // Increments it committed after the last line we read, and at most one it committed
     // without living to report.
     victim_done = victim_reports.try_iter().last().unwrap_or(victim_done);
 
-    assert!(wait_success(&mut survivor, deadline), "the survivor went on after the kill");
+    assert!(
+        wait_success(&mut survivor, deadline),
+        "the survivor went on after the kill"
+    );
     assert_eq!(store.get(COUNTER).await.unwrap().unwrap().term, 1);
     drop(store);
 
@@ -172,7 +196,18 @@ async fn process_killed_mid_run_leaves_the_file_usable_and_the_other_working() {
     );
     increment(&reopened).await;
     assert_eq!(counter(&reopened).await, total + 1);
-    let term = reopened.insert_if_absent("new", "x", TTL).await.unwrap().unwrap();
+    let term = reopened
+        .insert_if_absent("new", "x", TTL)
+        .await
+        .unwrap()
+        .unwrap();
     assert!(reopened.compare_and_delete("new", "x").await.unwrap());
-    assert!(reopened.insert_if_absent("new", "y", TTL).await.unwrap().unwrap() > term);
+    assert!(
+        reopened
+            .insert_if_absent("new", "y", TTL)
+            .await
+            .unwrap()
+            .unwrap()
+            > term
+    );
 }

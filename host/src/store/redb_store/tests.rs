@@ -48,7 +48,10 @@ async fn open_err(path: &Path) -> StoreError {
 fn assert_permanent(e: &StoreError, path: &Path, cause: &str) {
     let text = e.to_string();
     assert!(!e.is_transient(), "should be permanent: {text}");
-    assert!(text.contains(&path.display().to_string()), "names the path: {text}");
+    assert!(
+        text.contains(&path.display().to_string()),
+        "names the path: {text}"
+    );
     assert!(text.contains(cause), "names the cause {cause:?}: {text}");
 }
 
@@ -91,7 +94,9 @@ async fn file_that_is_not_a_redb_database_is_a_permanent_error() {
     assert_permanent(&open_err(&path).await, &path, "Not a redb database");
     assert_eq!(
         std::fs::read(&path).unwrap(),
-        "these are my notes, not a database\n".repeat(200).as_bytes(),
+        "these are my notes, not a database\n"
+            .repeat(200)
+            .as_bytes(),
         "the foreign file is left as it was"
     );
 }
@@ -104,7 +109,10 @@ async fn incompatible_schema_version_is_a_permanent_error() {
     {
         let db = Database::create(&path).unwrap();
         let txn = db.begin_write().unwrap();
-        txn.open_table(META).unwrap().insert(SCHEMA_KEY, 99).unwrap();
+        txn.open_table(META)
+            .unwrap()
+            .insert(SCHEMA_KEY, 99)
+            .unwrap();
         txn.commit().unwrap();
     }
     let e = open_err(&path).await;
@@ -133,7 +141,10 @@ async fn changed_table_types_are_a_permanent_error() {
         // Right version, but a `leases` table of another layout.
         let db = Database::create(&path).unwrap();
         let txn = db.begin_write().unwrap();
-        txn.open_table(META).unwrap().insert(SCHEMA_KEY, SCHEMA_VERSION).unwrap();
+        txn.open_table(META)
+            .unwrap()
+            .insert(SCHEMA_KEY, SCHEMA_VERSION)
+            .unwrap();
         let leases: TableDefinition<&str, u64> = TableDefinition::new("leases");
         txn.open_table(leases).unwrap().insert("1", 7).unwrap();
         txn.commit().unwrap();
@@ -158,10 +169,22 @@ async fn write_lock_held_by_another_writer_is_a_transient_busy_error() {
     let e = store.insert_if_absent("1", "a", TTL).await.unwrap_err();
     assert!(e.is_transient(), "{e}");
     let text = e.to_string();
-    assert!(text.contains(&path.display().to_string()) && text.contains("write lock"), "{text}");
-    assert!(store.get("1").await.unwrap().is_none(), "reads go on meanwhile");
+    assert!(
+        text.contains(&path.display().to_string()) && text.contains("write lock"),
+        "{text}"
+    );
+    assert!(
+        store.get("1").await.unwrap().is_none(),
+        "reads go on meanwhile"
+    );
     stuck.abort().unwrap();
-    assert!(store.insert_if_absent("1", "a", TTL).await.unwrap().is_some());
+    assert!(
+        store
+            .insert_if_absent("1", "a", TTL)
+            .await
+            .unwrap()
+            .is_some()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -169,7 +192,9 @@ async fn two_handles_share_records_and_a_release_wakes_the_other_handle() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.redb");
     let clock: Arc<dyn Clock> = Arc::new(ManualClock::default());
-    let a = RedbStore::open_with_clock(&path, Arc::clone(&clock)).await.unwrap();
+    let a = RedbStore::open_with_clock(&path, Arc::clone(&clock))
+        .await
+        .unwrap();
     let b = RedbStore::open_with_clock(&path, clock).await.unwrap();
     let term = a.insert_if_absent("1", "a", TTL).await.unwrap().unwrap();
     assert_eq!(b.get("1").await.unwrap().unwrap().term, term);
@@ -209,7 +234,11 @@ async fn wait_released_returns_after_max_without_a_release() {
     )
     .await
     .unwrap();
-    store.insert_if_absent("1", "a", TTL).await.unwrap().unwrap();
+    store
+        .insert_if_absent("1", "a", TTL)
+        .await
+        .unwrap()
+        .unwrap();
     let started = Instant::now();
     store.wait_released(Duration::from_millis(200)).await;
     assert!(started.elapsed() >= Duration::from_millis(200));
