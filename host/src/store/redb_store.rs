@@ -1,6 +1,6 @@
 //! The redb backend (SPEC §3): the store contract in one file that several processes share.
 //!
-//! Layout: four tables (below). A lease record's expiry is a [`Timestamp`] of the store's
+//! Layout: four tables (`schema.rs`). A lease record's expiry is a [`Timestamp`] of the store's
 //! [`Clock`] (kernel boot id + `CLOCK_BOOTTIME` in production), read inside the write
 //! transaction, so the file is the only timekeeper and wall-clock steps do not move expiry.
 //! Every write commits with [`Durability::Immediate`]; the file is opened in
@@ -14,44 +14,26 @@ mod fault;
 mod file_watch;
 #[cfg(test)]
 mod process_tests;
+mod schema;
 #[cfg(test)]
 mod tests;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
-use redb::{
-    Builder, ConcurrencyMode, Database, Durability, ReadableDatabase, ReadableTable,
-    TableDefinition, TableHandle, WriteTransaction,
-};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, WriteTransaction};
 use tokio::sync::Notify;
 
 use self::fault::Fault;
 use self::file_watch::FileWatch;
+use self::schema::{
+    BUSY_TIMEOUT, KV, LEASES, META, RELEASES_KEY, SCHEMA_VERSION, TERMS, begin_write, lease_row,
+    live_lease, open_database,
+};
 use super::{Clock, Fence, FencedKv, Record, StoreError, SystemClock, Term, Timestamp, TtlStore};
 
-/// Lease records: key -> (holder value, term, expiry boot id, expiry nanoseconds since boot).
-const LEASES: TableDefinition<&str, (&str, u64, u128, u64)> = TableDefinition::new("leases");
-/// The last term issued per key. Never deleted, so terms keep increasing for the file's life.
-const TERMS: TableDefinition<&str, u64> = TableDefinition::new("terms");
-/// The guests' fenced key-value space: (namespace, key) -> bytes.
-const KV: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("kv");
-/// Store-wide numbers: [`SCHEMA_KEY`] and [`RELEASES_KEY`].
-const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
-
-/// The layout version this build reads and writes, recorded under [`SCHEMA_KEY`].
-const SCHEMA_VERSION: u64 = 1;
-const SCHEMA_KEY: &str = "schema_version";
-/// Counts successful `compare_and_delete`s, so waiters in other processes can tell a release
-/// from any other write to the file.
-const RELEASES_KEY: &str = "releases";
-
-/// How long a write waits for another process's write transaction before failing as busy.
-const BUSY_TIMEOUT: Duration = Duration::from_secs(2);
-/// Pages redb may cache. The store holds a few records per slot plus guest data.
-const CACHE_BYTES: usize = 16 << 20;
 /// How often [`TtlStore::wait_released`] reads the release counter without a file watch.
 const FALLBACK_POLL: Duration = Duration::from_millis(5);
 /// How often it reads the counter with a file watch, in case the watch missed a write.
@@ -59,7 +41,9 @@ const SAFETY_POLL: Duration = Duration::from_millis(500);
 
 /// The store contract over one redb file, shared by every process that opens it.
 ///
-/// Cheap to clone; clones share one database handle.
+/// Cheap to clone; clones share one database handle, which closes with the last of them
+/// (see [`RedbStore::close`]). Each operation runs to its end on the blocking pool even if
+/// its future is dropped: a write whose caller gave up (a timeout) may still commit.
 #[derive(Clone)]
 pub struct RedbStore {
     inner: Arc<Inner>,
@@ -78,13 +62,6 @@ struct Inner {
     released: Notify,
     /// Wakes waiters when another process writes the file; `None` if inotify is unavailable.
     watch: Option<FileWatch>,
-}
-
-/// A lease record as stored.
-struct Lease {
-    value: String,
-    term: Term,
-    expires: Timestamp,
 }
 
 impl RedbStore {
@@ -148,6 +125,19 @@ impl RedbStore {
     /// The store file.
     pub fn path(&self) -> &Path {
         &self.inner.path
+    }
+
+    /// Drops this handle on the blocking pool and waits for that. When it is the last clone,
+    /// this closes the database (which may write and sync the file) without blocking the
+    /// async runtime, and the file is closed cleanly when this returns.
+    pub async fn close(self) {
+        let path = self.inner.path.clone();
+        if tokio::task::spawn_blocking(move || drop(self))
+            .await
+            .is_ok()
+        {
+            tracing::info!(path = %path.display(), "redb store handle closed");
+        }
     }
 
     /// Runs `f` in a read transaction on the blocking pool.
@@ -238,101 +228,6 @@ impl Inner {
     fn db(&self) -> Arc<Database> {
         Arc::clone(&self.db.read().unwrap_or_else(PoisonError::into_inner))
     }
-}
-
-/// Opens the file in multi-writer mode and checks (or, on a new file, writes) the schema.
-fn open_database(path: &Path) -> Result<Database, Fault> {
-    let repair_path = path.display().to_string();
-    let db = Builder::new()
-        .set_concurrency_mode(ConcurrencyMode::MultiWriter)
-        .set_cache_size(CACHE_BYTES)
-        .set_repair_callback(move |session| {
-            tracing::warn!(path = %repair_path, progress = session.progress(),
-                "repairing redb store after an unclean shutdown");
-        })
-        .create(path)?;
-    let mut txn = begin_write(&db, BUSY_TIMEOUT)?;
-    txn.set_durability(Durability::Immediate)?;
-    {
-        let mut meta = txn.open_table(META).map_err(Fault::table)?;
-        let version = meta.get(SCHEMA_KEY)?.map(|v| v.value());
-        match version {
-            Some(SCHEMA_VERSION) => {}
-            Some(found) => {
-                return Err(Fault::SchemaVersion {
-                    found,
-                    supported: SCHEMA_VERSION,
-                });
-            }
-            None => {
-                let ours = [LEASES.name(), TERMS.name(), KV.name(), META.name()];
-                if let Some(foreign) = txn.list_tables()?.find(|t| !ours.contains(&t.name())) {
-                    return Err(Fault::Foreign(foreign.name().to_owned()));
-                }
-                meta.insert(SCHEMA_KEY, SCHEMA_VERSION)?;
-            }
-        }
-    }
-    // Creates the tables of a new file, and checks their types in an existing one.
-    txn.open_table(LEASES).map_err(Fault::table)?;
-    txn.open_table(TERMS).map_err(Fault::table)?;
-    txn.open_table(KV).map_err(Fault::table)?;
-    txn.commit()?;
-    Ok(db)
-}
-
-/// Begins a write transaction, waiting at most `busy_timeout` for another process's.
-///
-/// `begin_write` would wait on the file lock without bound; a peer stopped (SIGSTOP, a hung
-/// disk) inside its transaction must turn into a transient error instead.
-fn begin_write(db: &Database, busy_timeout: Duration) -> Result<WriteTransaction, Fault> {
-    let start = Instant::now();
-    let mut pause = Duration::from_micros(20);
-    loop {
-        match db.try_begin_write() {
-            Ok(txn) => return Ok(txn),
-            Err(redb::TransactionError::WouldBlock) if start.elapsed() < busy_timeout => {
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_micros(500));
-            }
-            Err(redb::TransactionError::WouldBlock) => return Err(Fault::Busy(busy_timeout)),
-            Err(e) => return Err(e.into()),
-        }
-    }
-}
-
-fn read_lease(
-    table: &impl ReadableTable<&'static str, (&'static str, u64, u128, u64)>,
-    key: &str,
-) -> Result<Option<Lease>, Fault> {
-    Ok(table.get(key)?.map(|row| {
-        let (value, term, boot, nanos) = row.value();
-        Lease {
-            value: value.to_owned(),
-            term,
-            expires: Timestamp {
-                boot,
-                since_boot: Duration::from_nanos(nanos),
-            },
-        }
-    }))
-}
-
-/// The record under `key` if it is live at `now` (expiry inclusive, other boots expired).
-fn live_lease(
-    table: &impl ReadableTable<&'static str, (&'static str, u64, u128, u64)>,
-    key: &str,
-    now: Timestamp,
-) -> Result<Option<(Lease, Duration)>, Fault> {
-    Ok(read_lease(table, key)?
-        .and_then(|lease| lease.expires.left_from(now).map(|left| (lease, left))))
-}
-
-/// The stored form of `value` under `term`, expiring `ttl` after `now`.
-fn lease_row(value: &str, term: Term, now: Timestamp, ttl: Duration) -> (&str, u64, u128, u64) {
-    let expires = now.after(ttl);
-    let nanos = u64::try_from(expires.since_boot.as_nanos()).unwrap_or(u64::MAX);
-    (value, term, expires.boot, nanos)
 }
 
 #[async_trait]

@@ -185,7 +185,7 @@ async fn process_killed_mid_run_leaves_the_file_usable_and_the_other_working() {
         "the survivor went on after the kill"
     );
     assert_eq!(store.get(COUNTER).await.unwrap().unwrap().term, 1);
-    drop(store);
+    store.close().await;
 
     // The file reopened afterwards holds the last committed state and takes writes.
     let reopened = RedbStore::open(&path).await.unwrap();

@@ -2,13 +2,15 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
+use super::schema::SCHEMA_KEY;
 use super::*;
 use crate::store::ManualClock;
 use crate::store::conformance::{self, Backend};
+use redb::{Builder, ConcurrencyMode, TableDefinition};
 
 const TTL: Duration = Duration::from_secs(10);
 
