@@ -12,7 +12,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{self, ConfigError, DEFAULT_CONFIG_FILE, FileConfig, GrantConfig};
 use crate::runtime::{DirGrant, Grants, RuntimeConfig};
-use crate::store::{EtcdOptions, RedbStore, Store, StoreError};
+use crate::store::{EtcdOptions, EtcdStore, EtcdTls, RedbStore, Store, StoreError};
 
 /// Exit code for bad settings or a store that cannot be opened.
 pub const EXIT_SETUP: u8 = 1;
@@ -217,16 +217,21 @@ impl Settings {
     /// The store's error, naming the path or endpoints.
     pub async fn open_store(&self) -> Result<Arc<dyn Store>, StoreError> {
         if self.store.starts_with("etcd://") {
-            let mut options = EtcdOptions::from_url(&self.store)?;
-            options.user = self.etcd.user.clone();
-            options.password = self.etcd.password.clone();
-            options.ca = self.etcd.ca.clone();
-            options.cert = self.etcd.cert.clone();
-            options.key = self.etcd.key.clone();
+            let mut options = EtcdOptions::from_url(&self.store)
+                .map_err(|e| StoreError::permanent(format!("store {}", self.store), e))?;
+            options.user.clone_from(&self.etcd.user);
+            options.password.clone_from(&self.etcd.password);
+            if self.etcd.ca.is_some() || self.etcd.cert.is_some() || self.etcd.key.is_some() {
+                options.tls = Some(EtcdTls {
+                    ca: self.etcd.ca.clone(),
+                    cert: self.etcd.cert.clone(),
+                    key: self.etcd.key.clone(),
+                });
+            }
             if let Some(prefix) = &self.etcd.prefix {
                 options.prefix.clone_from(prefix);
             }
-            Ok(Arc::new(crate::store::EtcdStore::connect(options).await?))
+            Ok(Arc::new(EtcdStore::connect(options).await?))
         } else {
             Ok(Arc::new(RedbStore::open(self.store.as_ref()).await?))
         }
