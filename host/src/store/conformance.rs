@@ -81,7 +81,12 @@ pub(crate) async fn insert_then_get<B: Backend>(b: &mut B) {
 pub(crate) async fn insert_on_existing_key_fails_even_with_same_value<B: Backend>(b: &mut B) {
     let clock = ManualClock::default();
     let s = b.open(&clock).await;
-    assert!(s.insert_if_absent("k", "a", B::TTL).await.unwrap().is_some());
+    assert!(
+        s.insert_if_absent("k", "a", B::TTL)
+            .await
+            .unwrap()
+            .is_some()
+    );
     assert_eq!(s.insert_if_absent("k", "a", B::TTL).await.unwrap(), None);
     assert_eq!(s.insert_if_absent("k", "b", B::TTL).await.unwrap(), None);
     assert_eq!(s.get("k").await.unwrap().unwrap().value, "a");
@@ -93,7 +98,11 @@ pub(crate) async fn cas_succeeds_on_own_value<B: Backend>(b: &mut B) {
     let term = s.insert_if_absent("k", "a", B::TTL).await.unwrap().unwrap();
     assert!(s.compare_and_swap("k", "a", "b", B::TTL).await.unwrap());
     let rec = s.get("k").await.unwrap().unwrap();
-    assert_eq!((rec.value.as_str(), rec.term), ("b", term), "a swap keeps the term");
+    assert_eq!(
+        (rec.value.as_str(), rec.term),
+        ("b", term),
+        "a swap keeps the term"
+    );
 }
 
 pub(crate) async fn cas_fails_on_wrong_value<B: Backend>(b: &mut B) {
@@ -108,7 +117,10 @@ pub(crate) async fn cas_fails_on_absent_key<B: Backend>(b: &mut B) {
     let clock = ManualClock::default();
     let s = b.open(&clock).await;
     assert!(!s.compare_and_swap("k", "a", "b", B::TTL).await.unwrap());
-    assert!(s.get("k").await.unwrap().is_none(), "a failed swap creates nothing");
+    assert!(
+        s.get("k").await.unwrap().is_none(),
+        "a failed swap creates nothing"
+    );
 }
 
 pub(crate) async fn cas_resets_expiry<B: Backend>(b: &mut B) {
@@ -118,8 +130,12 @@ pub(crate) async fn cas_resets_expiry<B: Backend>(b: &mut B) {
     b.advance(&clock, B::TTL - Duration::from_secs(2)).await;
     assert!(s.compare_and_swap("k", "a", "a", B::TTL).await.unwrap());
     b.advance(&clock, B::TTL - Duration::from_secs(1)).await;
-    assert!(s.get("k").await.unwrap().is_some(), "the swap moved the expiry");
-    b.advance(&clock, Duration::from_secs(1) + B::EXPIRY_LAG).await;
+    assert!(
+        s.get("k").await.unwrap().is_some(),
+        "the swap moved the expiry"
+    );
+    b.advance(&clock, Duration::from_secs(1) + B::EXPIRY_LAG)
+        .await;
     assert!(s.get("k").await.unwrap().is_none());
 }
 
@@ -129,7 +145,10 @@ pub(crate) async fn delete_own_value<B: Backend>(b: &mut B) {
     s.insert_if_absent("k", "a", B::TTL).await.unwrap().unwrap();
     assert!(s.compare_and_delete("k", "a").await.unwrap());
     assert!(s.get("k").await.unwrap().is_none());
-    assert!(!s.compare_and_delete("k", "a").await.unwrap(), "already gone");
+    assert!(
+        !s.compare_and_delete("k", "a").await.unwrap(),
+        "already gone"
+    );
 }
 
 pub(crate) async fn delete_foreign_value_fails<B: Backend>(b: &mut B) {
@@ -150,7 +169,10 @@ pub(crate) async fn expiry_is_inclusive<B: Backend>(b: &mut B) {
     b.advance(&clock, B::TTL - NANO).await;
     assert_eq!(s.get("k").await.unwrap().unwrap().time_left, NANO);
     b.advance(&clock, NANO).await;
-    assert!(s.get("k").await.unwrap().is_none(), "expired when now == expiry");
+    assert!(
+        s.get("k").await.unwrap().is_none(),
+        "expired when now == expiry"
+    );
 }
 
 pub(crate) async fn expired_record_is_absent_for_every_operation<B: Backend>(b: &mut B) {
@@ -180,7 +202,11 @@ pub(crate) async fn terms_increase_across_delete_expire_and_reopen<B: Backend>(b
     b.advance(&clock, B::TTL + B::EXPIRY_LAG).await;
     let t3 = s.insert_if_absent("k", "b", B::TTL).await.unwrap().unwrap();
     assert!(t3 > t2, "after expiry: {t3} > {t2}");
-    let other = s.insert_if_absent("other", "b", B::TTL).await.unwrap().unwrap();
+    let other = s
+        .insert_if_absent("other", "b", B::TTL)
+        .await
+        .unwrap()
+        .unwrap();
     assert!(other >= 1);
     if B::PERSISTENT {
         assert!(s.compare_and_delete("k", "b").await.unwrap());
@@ -223,9 +249,18 @@ async fn expires_after_ttl_not_before<B: Backend>(b: &mut B) {
     let s = b.open(&clock).await;
     s.insert_if_absent("k", "a", B::TTL).await.unwrap().unwrap();
     b.advance(&clock, B::TTL - Duration::from_secs(1)).await;
-    let rec = s.get("k").await.unwrap().expect("live before its TTL ran out");
-    assert!(rec.time_left <= Duration::from_secs(1), "{:?}", rec.time_left);
-    b.advance(&clock, Duration::from_secs(1) + B::EXPIRY_LAG).await;
+    let rec = s
+        .get("k")
+        .await
+        .unwrap()
+        .expect("live before its TTL ran out");
+    assert!(
+        rec.time_left <= Duration::from_secs(1),
+        "{:?}",
+        rec.time_left
+    );
+    b.advance(&clock, Duration::from_secs(1) + B::EXPIRY_LAG)
+        .await;
     assert!(s.get("k").await.unwrap().is_none(), "gone after its TTL");
 }
 
@@ -239,7 +274,11 @@ async fn records_outlive_their_writer_until_the_ttl<B: Backend>(b: &mut B) {
     drop(s);
     clock.reboot();
     let s = b.open(&clock).await;
-    let rec = s.get("k").await.unwrap().expect("the store, not the host, keeps time");
+    let rec = s
+        .get("k")
+        .await
+        .unwrap()
+        .expect("the store, not the host, keeps time");
     assert_eq!((rec.value.as_str(), rec.term), ("a", t1));
     assert_eq!(s.insert_if_absent("k", "b", B::TTL).await.unwrap(), None);
     b.advance(&clock, B::TTL + B::EXPIRY_LAG).await;
@@ -257,8 +296,15 @@ pub(crate) async fn kv_writes_are_fenced_by_term<B: Backend>(b: &mut B) {
         term: t1,
     };
     assert!(s.kv_set(&old, "svc", "x", b"1").await.unwrap());
-    assert_eq!(s.kv_get("svc", "x").await.unwrap().as_deref(), Some(&b"1"[..]));
-    assert_eq!(s.kv_get("other", "x").await.unwrap(), None, "namespaces are apart");
+    assert_eq!(
+        s.kv_get("svc", "x").await.unwrap().as_deref(),
+        Some(&b"1"[..])
+    );
+    assert_eq!(
+        s.kv_get("other", "x").await.unwrap(),
+        None,
+        "namespaces are apart"
+    );
     assert!(s.compare_and_delete("k", "a").await.unwrap());
     let t2 = s.insert_if_absent("k", "b", B::TTL).await.unwrap().unwrap();
     assert!(!s.kv_set(&old, "svc", "x", b"stale").await.unwrap());
@@ -267,7 +313,10 @@ pub(crate) async fn kv_writes_are_fenced_by_term<B: Backend>(b: &mut B) {
         term: t2,
     };
     assert!(s.kv_set(&new, "svc", "x", b"2").await.unwrap());
-    assert_eq!(s.kv_get("svc", "x").await.unwrap().as_deref(), Some(&b"2"[..]));
+    assert_eq!(
+        s.kv_get("svc", "x").await.unwrap().as_deref(),
+        Some(&b"2"[..])
+    );
 }
 
 pub(crate) async fn wait_released_wakes_on_delete<B: Backend>(b: &mut B) {

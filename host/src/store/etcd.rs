@@ -96,9 +96,10 @@ impl EtcdStore {
         // Prove the cluster answers now rather than at the first campaign.
         let probe = GetOptions::new().with_prefix().with_count_only();
         let prefix = store.prefix.clone();
-        store
+        let probed = store
             .call("connecting", "", store.kv().get(prefix, Some(probe)))
             .await?;
+        store.saw(probed.header());
         tracing::info!(endpoints = %store.endpoints, prefix = %store.prefix, "connected to etcd");
         Ok(store)
     }
@@ -134,14 +135,18 @@ impl EtcdStore {
         match tokio::time::timeout(self.request_timeout, request).await {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(e)) => Err(classify(&context(), e)),
-            Err(_) => Err(StoreError::transient(context(), NoAnswer(self.request_timeout))),
+            Err(_) => Err(StoreError::transient(
+                context(),
+                NoAnswer(self.request_timeout),
+            )),
         }
     }
 
     /// Remembers the revision a response header carries.
     fn saw(&self, header: Option<&etcd_client::ResponseHeader>) {
         if let Some(h) = header {
-            self.seen_revision.fetch_max(h.revision(), Ordering::Relaxed);
+            self.seen_revision
+                .fetch_max(h.revision(), Ordering::Relaxed);
         }
     }
 
@@ -184,8 +189,13 @@ impl EtcdStore {
     }
 
     /// One read of the record: its key-value and lease time left, `None` if it is gone.
-    async fn read(&self, key: &str) -> Result<Option<(etcd_client::KeyValue, i64, i64)>, StoreError> {
-        let mut response = self.call("get", key, self.kv().get(self.record_key(key), None)).await?;
+    async fn read(
+        &self,
+        key: &str,
+    ) -> Result<Option<(etcd_client::KeyValue, i64, i64)>, StoreError> {
+        let mut response = self
+            .call("get", key, self.kv().get(self.record_key(key), None))
+            .await?;
         self.saw(response.header());
         let Some(kv) = response.take_kvs().into_iter().next() else {
             return Ok(None);
@@ -215,8 +225,16 @@ impl TtlStore for EtcdStore {
         let record = self.record_key(key);
         let lease = self.grant(OP, key, ttl).await?;
         let txn = Txn::new()
-            .when([Compare::create_revision(record.as_str(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(record, value, Some(PutOptions::new().with_lease(lease)))]);
+            .when([Compare::create_revision(
+                record.as_str(),
+                CompareOp::Equal,
+                0,
+            )])
+            .and_then([TxnOp::put(
+                record,
+                value,
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
         let response = self.txn(OP, key, txn).await?;
         if !response.succeeded() {
             self.revoke_quietly(lease).await;
@@ -260,7 +278,10 @@ impl TtlStore for EtcdStore {
         let record = self.record_key(key);
         let txn = Txn::new()
             .when([Compare::value(record.as_str(), CompareOp::Equal, expected)])
-            .and_then([TxnOp::delete(record, Some(DeleteOptions::new().with_prev_key()))]);
+            .and_then([TxnOp::delete(
+                record,
+                Some(DeleteOptions::new().with_prev_key()),
+            )]);
         let response = self.txn(OP, key, txn).await?;
         if response.succeeded() {
             tracing::debug!(key, value = expected, "etcd record deleted");

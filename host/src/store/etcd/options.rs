@@ -172,10 +172,8 @@ impl EtcdOptions {
         }
         match (&tls.cert, &tls.key) {
             (Some(cert), Some(key)) => {
-                let identity = Identity::from_pem(
-                    read("client certificate", cert)?,
-                    read("client key", key)?,
-                );
+                let identity =
+                    Identity::from_pem(read("client certificate", cert)?, read("client key", key)?);
                 options = options.identity(identity);
             }
             (None, None) => {}
