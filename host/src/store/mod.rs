@@ -15,6 +15,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp, TokioClock};
+pub use etcd::{EtcdOptions, EtcdStore, EtcdTls, EtcdUrlError};
 pub use mem::MemStore;
 pub use redb_store::RedbStore;
 
