@@ -1,7 +1,7 @@
 //! Spawning real `vvm-host` processes and reading their log lines.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -160,9 +160,4 @@ fn tail(lines: &[Line]) -> String {
         .map(|l| l.text.as_str())
         .collect::<Vec<_>>()
         .join("\n")
-}
-
-/// The repository root.
-pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }

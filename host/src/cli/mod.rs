@@ -96,13 +96,13 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub store: StoreArgs,
     /// Lease duration L [default: 20s].
-    #[arg(long, env = "VVM_LEASE", value_parser = config::parse_duration)]
+    #[arg(long, env = "VVM_LEASE", value_parser = config::parse_duration, allow_hyphen_values = true)]
     pub lease: Option<Duration>,
     /// How long to campaign before reporting a problem and starting over [default: 120s].
-    #[arg(long, env = "VVM_ACQUISITION_TIMEOUT", value_parser = config::parse_duration)]
+    #[arg(long, env = "VVM_ACQUISITION_TIMEOUT", value_parser = config::parse_duration, allow_hyphen_values = true)]
     pub acquisition_timeout: Option<Duration>,
     /// How long a stopping service may take before its instance is dropped [default: 5s].
-    #[arg(long, env = "VVM_GRACE_PERIOD", value_parser = config::parse_duration)]
+    #[arg(long, env = "VVM_GRACE_PERIOD", value_parser = config::parse_duration, allow_hyphen_values = true)]
     pub grace_period: Option<Duration>,
     /// Memory cap per service instance, MiB [default: 64].
     #[arg(long, env = "VVM_MEMORY_LIMIT_MIB")]
@@ -233,7 +233,7 @@ impl Settings {
             }
             Ok(Arc::new(EtcdStore::connect(options).await?))
         } else {
-            Ok(Arc::new(RedbStore::open(self.store.as_ref()).await?))
+            Ok(Arc::new(RedbStore::open(&self.store).await?))
         }
     }
 }
@@ -253,7 +253,9 @@ fn grants(name: &str, grant: &GrantConfig) -> Result<Grants, ConfigError> {
         };
         let (host, guest) = spec.split_once(':').unwrap_or((spec, spec));
         if host.is_empty() || guest.is_empty() {
-            return Err(invalid(format!("dir grant {spec:?} is not host[:guest][:ro]")));
+            return Err(invalid(format!(
+                "dir grant {spec:?} is not host[:guest][:ro]"
+            )));
         }
         dirs.push(DirGrant {
             host: host.into(),
