@@ -1,6 +1,9 @@
 //! End-to-end tests: real `vvm-host` processes sharing one store (SPEC §5, §8).
 
+#[path = "../../host/tests/support/guests.rs"]
+#[allow(dead_code)]
 mod guests;
+mod languages;
 mod support;
 
 use std::path::Path;
@@ -14,7 +17,7 @@ fn cluster_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let services = dir.path().join("services");
     std::fs::create_dir(&services).unwrap();
-    let ticker = support::guests().join("rust-ticker.wasm");
+    let ticker = guests::guest("rust-ticker");
     std::fs::copy(&ticker, services.join("rust-ticker.wasm")).unwrap();
     dir
 }
@@ -25,7 +28,15 @@ fn serve(name: &'static str, dir: &Path, lease: &str) -> Host {
     Host::start(
         name,
         dir,
-        &["serve", "--lease", lease, "--cache-dir", &cache, "--grace-period", "2s"],
+        &[
+            "serve",
+            "--lease",
+            lease,
+            "--cache-dir",
+            &cache,
+            "--grace-period",
+            "2s",
+        ],
     )
 }
 
@@ -137,7 +148,10 @@ fn a_stopped_leader_has_no_effect_after_its_deadline_and_rejoins_as_standby() {
         .into_iter()
         .filter(|l| stamp(l) > stamp(&first_b))
         .collect();
-    assert!(late.is_empty(), "A's guest acted after B took over: {late:?}");
+    assert!(
+        late.is_empty(),
+        "A's guest acted after B took over: {late:?}"
+    );
     match status {
         Some(status) => assert_eq!(
             status.code(),
@@ -161,7 +175,11 @@ fn bad_configuration_is_one_clear_line_and_a_non_zero_exit() {
         (bad_file.path(), &["serve"], "unknown field `leese`"),
         (clean.path(), &["serve", "--lease", "-5s"], "negative"),
         (clean.path(), &["serve", "--lease", "0s"], "zero"),
-        (clean.path(), &["serve", "--cluster-size", "0"], "cluster-size"),
+        (
+            clean.path(),
+            &["serve", "--cluster-size", "0"],
+            "cluster-size",
+        ),
         (
             clean.path(),
             &["serve", "--store", "missing/dir/vvm.redb"],

@@ -1,9 +1,9 @@
 //! Spawning real `vvm-host` processes and reading their log lines.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_vvm-host");
@@ -160,32 +160,4 @@ fn tail(lines: &[Line]) -> String {
         .map(|l| l.text.as_str())
         .collect::<Vec<_>>()
         .join("\n")
-}
-
-/// The repository root.
-pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// `guest-examples/out`, after running `guest-examples/build.sh` once in this test binary
-/// (it builds every language's examples, and is quick when nothing changed; concurrent runs
-/// from other test binaries wait on its own lock).
-pub fn guests() -> &'static Path {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let examples = repo().join("guest-examples");
-        let output = Command::new("bash")
-            .arg(examples.join("build.sh"))
-            // The host's target dir is for another target; build.sh uses its own.
-            .env_remove("CARGO_TARGET_DIR")
-            .output()
-            .expect("run guest-examples/build.sh");
-        assert!(
-            output.status.success(),
-            "guest-examples/build.sh failed:\n{}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        examples.join("out")
-    })
 }

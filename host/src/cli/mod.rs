@@ -12,7 +12,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{self, ConfigError, DEFAULT_CONFIG_FILE, FileConfig, GrantConfig};
 use crate::runtime::{DirGrant, Grants, RuntimeConfig};
-use crate::store::{EtcdOptions, RedbStore, Store, StoreError};
+use crate::store::{EtcdOptions, EtcdStore, EtcdTls, RedbStore, Store, StoreError};
 
 /// Exit code for bad settings or a store that cannot be opened.
 pub const EXIT_SETUP: u8 = 1;
@@ -96,13 +96,13 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub store: StoreArgs,
     /// Lease duration L [default: 20s].
-    #[arg(long, env = "VVM_LEASE", value_parser = config::parse_duration)]
+    #[arg(long, env = "VVM_LEASE", value_parser = config::parse_duration, allow_hyphen_values = true)]
     pub lease: Option<Duration>,
     /// How long to campaign before reporting a problem and starting over [default: 120s].
-    #[arg(long, env = "VVM_ACQUISITION_TIMEOUT", value_parser = config::parse_duration)]
+    #[arg(long, env = "VVM_ACQUISITION_TIMEOUT", value_parser = config::parse_duration, allow_hyphen_values = true)]
     pub acquisition_timeout: Option<Duration>,
     /// How long a stopping service may take before its instance is dropped [default: 5s].
-    #[arg(long, env = "VVM_GRACE_PERIOD", value_parser = config::parse_duration)]
+    #[arg(long, env = "VVM_GRACE_PERIOD", value_parser = config::parse_duration, allow_hyphen_values = true)]
     pub grace_period: Option<Duration>,
     /// Memory cap per service instance, MiB [default: 64].
     #[arg(long, env = "VVM_MEMORY_LIMIT_MIB")]
@@ -217,18 +217,23 @@ impl Settings {
     /// The store's error, naming the path or endpoints.
     pub async fn open_store(&self) -> Result<Arc<dyn Store>, StoreError> {
         if self.store.starts_with("etcd://") {
-            let mut options = EtcdOptions::from_url(&self.store)?;
-            options.user = self.etcd.user.clone();
-            options.password = self.etcd.password.clone();
-            options.ca = self.etcd.ca.clone();
-            options.cert = self.etcd.cert.clone();
-            options.key = self.etcd.key.clone();
+            let mut options = EtcdOptions::from_url(&self.store)
+                .map_err(|e| StoreError::permanent(format!("store {}", self.store), e))?;
+            options.user.clone_from(&self.etcd.user);
+            options.password.clone_from(&self.etcd.password);
+            if self.etcd.ca.is_some() || self.etcd.cert.is_some() || self.etcd.key.is_some() {
+                options.tls = Some(EtcdTls {
+                    ca: self.etcd.ca.clone(),
+                    cert: self.etcd.cert.clone(),
+                    key: self.etcd.key.clone(),
+                });
+            }
             if let Some(prefix) = &self.etcd.prefix {
                 options.prefix.clone_from(prefix);
             }
-            Ok(Arc::new(crate::store::EtcdStore::connect(options).await?))
+            Ok(Arc::new(EtcdStore::connect(options).await?))
         } else {
-            Ok(Arc::new(RedbStore::open(self.store.as_ref()).await?))
+            Ok(Arc::new(RedbStore::open(&self.store).await?))
         }
     }
 }
@@ -248,7 +253,9 @@ fn grants(name: &str, grant: &GrantConfig) -> Result<Grants, ConfigError> {
         };
         let (host, guest) = spec.split_once(':').unwrap_or((spec, spec));
         if host.is_empty() || guest.is_empty() {
-            return Err(invalid(format!("dir grant {spec:?} is not host[:guest][:ro]")));
+            return Err(invalid(format!(
+                "dir grant {spec:?} is not host[:guest][:ro]"
+            )));
         }
         dirs.push(DirGrant {
             host: host.into(),

@@ -10,7 +10,10 @@ use crate::vvm::slot_key;
 pub(super) async fn status(args: &StoreArgs) -> anyhow::Result<ExitCode> {
     let settings = Settings::resolve(args, None)?;
     let store = settings.open_store().await?;
-    println!("{:<6} {:<48} {:>8} {:>10}", "SLOT", "HOLDER", "TERM", "TIME LEFT");
+    println!(
+        "{:<6} {:<48} {:>8} {:>10}",
+        "SLOT", "HOLDER", "TERM", "TIME LEFT"
+    );
     for slot in 1..=settings.cluster_size {
         match store.get(&slot_key(slot)).await? {
             Some(record) => println!(

@@ -1,1 +1,447 @@
-//! TODO: etcd backend (issue 9).
+//! etcd backend (SPEC §3): lease records are etcd keys bound to etcd leases, so the cluster,
+//! not the caller, keeps the time.
+//!
+//! Keys under the configured prefix `P`:
+//! - `P lease/<key>`: a lease record. Its value is the holder value; it is attached to an etcd
+//!   lease of its own, so etcd deletes it when the lease runs out. Its term is the key's create
+//!   revision: etcd revisions are global and only grow, so a later insert always gets a larger
+//!   term, also after deletes and expiry.
+//! - `P kv/<space>/<key>`: the guests' fenced key-value space (no lease). `/` and `%` in a
+//!   space name are percent-escaped, so spaces cannot overlap.
+//!
+//! Time, as etcd counts it:
+//! - etcd leases last whole seconds: a TTL is rounded *up* to whole seconds, at least 1 s.
+//!   The cluster may raise it further to its own minimum (1.5 × its election timeout, rounded
+//!   up: 2 s with etcd's defaults); the store logs a warning once when that happens. A record
+//!   therefore never expires earlier than asked, only later.
+//! - The etcd leader sweeps expired leases about every 500 ms, so a record may still read as
+//!   live for a moment after its TTL. Until the sweep deletes it, etcd treats it as present.
+//! - etcd reports a lease's remaining time in whole seconds, truncated; [`TtlStore::get`]
+//!   reports that plus one second, capped at the granted TTL: an upper bound on time left.
+
+mod options;
+#[cfg(test)]
+mod test_server;
+#[cfg(test)]
+mod tests;
+
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{
+    Client, Compare, CompareOp, DeleteOptions, EventType, GetOptions, KvClient, LeaseClient,
+    PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions,
+};
+use tonic::Code;
+
+pub use options::{EtcdOptions, EtcdTls, EtcdUrlError};
+
+use super::{Fence, FencedKv, Record, StoreError, Term, TtlStore};
+
+/// The store contract on an etcd cluster. Cheap to share behind an `Arc`; every call is one
+/// or a few requests, each bounded by [`EtcdOptions::request_timeout`].
+pub struct EtcdStore {
+    client: Client,
+    prefix: String,
+    /// Comma-separated endpoints, named in every error.
+    endpoints: String,
+    request_timeout: Duration,
+    /// The newest store revision any response showed; [`TtlStore::wait_released`] watches
+    /// from just after it, so a delete between a `get` and the wait is not missed.
+    seen_revision: AtomicI64,
+    /// Whether the cluster raising a TTL has been logged already.
+    warned_ttl: AtomicBool,
+}
+
+/// The cluster did not answer in time.
+#[derive(Debug, thiserror::Error)]
+#[error("no answer within {0:?}")]
+struct NoAnswer(Duration);
+
+/// A record that vvm-host did not write (no lease, or not UTF-8).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct ForeignRecord(&'static str);
+
+impl EtcdStore {
+    /// Connects to the cluster and checks that it answers (and accepts the credentials).
+    ///
+    /// Fails with a transient error if no endpoint answers within the connect and request
+    /// timeouts, and with a permanent one for bad credentials, TLS files or options.
+    pub async fn connect(options: EtcdOptions) -> Result<Self, StoreError> {
+        let endpoints = options.endpoint_list();
+        let context = format!("etcd {endpoints}: connecting");
+        if options.endpoints.is_empty() {
+            return Err(StoreError::permanent(context, "no endpoints given"));
+        }
+        let connect_options = options.connect_options()?;
+        // With credentials, connecting already authenticates: a request that may hang too.
+        let within = options.connect_timeout + options.request_timeout;
+        let client = tokio::time::timeout(
+            within,
+            Client::connect(&options.endpoints, Some(connect_options)),
+        )
+        .await
+        .map_err(|_| StoreError::transient(&context, NoAnswer(within)))?
+        .map_err(|e| classify(&context, e))?;
+        let store = Self {
+            client,
+            prefix: options.prefix,
+            endpoints,
+            request_timeout: options.request_timeout,
+            seen_revision: AtomicI64::new(0),
+            warned_ttl: AtomicBool::new(false),
+        };
+        // Prove the cluster answers now rather than at the first campaign.
+        let probe = GetOptions::new().with_prefix().with_count_only();
+        let prefix = store.prefix.clone();
+        let probed = store
+            .call("connecting", "", store.kv().get(prefix, Some(probe)))
+            .await?;
+        store.saw(probed.header());
+        tracing::info!(endpoints = %store.endpoints, prefix = %store.prefix, "connected to etcd");
+        Ok(store)
+    }
+
+    fn kv(&self) -> KvClient {
+        self.client.kv_client()
+    }
+
+    fn leases(&self) -> LeaseClient {
+        self.client.lease_client()
+    }
+
+    fn record_key(&self, key: &str) -> String {
+        format!("{}lease/{key}", self.prefix)
+    }
+
+    fn kv_key(&self, space: &str, key: &str) -> String {
+        let space = space.replace('%', "%25").replace('/', "%2F");
+        format!("{}kv/{space}/{key}", self.prefix)
+    }
+
+    /// Runs one request within the request timeout and maps its error.
+    async fn call<T>(
+        &self,
+        op: &str,
+        key: &str,
+        request: impl Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, StoreError> {
+        let context = || match key {
+            "" => format!("etcd {}: {op}", self.endpoints),
+            key => format!("etcd {}: {op} {key:?}", self.endpoints),
+        };
+        match tokio::time::timeout(self.request_timeout, request).await {
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(e)) => Err(classify(&context(), e)),
+            Err(_) => Err(StoreError::transient(
+                context(),
+                NoAnswer(self.request_timeout),
+            )),
+        }
+    }
+
+    /// Remembers the revision a response header carries.
+    fn saw(&self, header: Option<&etcd_client::ResponseHeader>) {
+        if let Some(h) = header {
+            self.seen_revision
+                .fetch_max(h.revision(), Ordering::Relaxed);
+        }
+    }
+
+    /// Grants a fresh etcd lease for `ttl` (rounded up to whole seconds).
+    async fn grant(&self, op: &str, key: &str, ttl: Duration) -> Result<i64, StoreError> {
+        let seconds = lease_seconds(ttl);
+        let granted = self
+            .call(op, key, self.leases().grant(seconds, None))
+            .await?;
+        self.saw(granted.header());
+        if granted.ttl() > seconds && !self.warned_ttl.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                endpoints = %self.endpoints,
+                asked_s = seconds,
+                granted_s = granted.ttl(),
+                "etcd raised the lease TTL to its minimum; records live longer than asked"
+            );
+        }
+        Ok(granted.id())
+    }
+
+    /// Revokes a lease that holds nothing (any more); failures only leave it to run out.
+    async fn revoke_quietly(&self, lease: i64) {
+        if lease == 0 {
+            return;
+        }
+        let revoke = self.call("revoke", "", self.leases().revoke(lease)).await;
+        if let Err(e) = revoke {
+            tracing::debug!(lease, error = %e, "could not revoke an unused etcd lease; it will run out");
+        }
+    }
+
+    /// Runs a transaction; on an error its outcome is unknown, so the lease it would attach
+    /// is left to run out by itself rather than revoked (revoking could delete a record the
+    /// transaction did write).
+    async fn txn(&self, op: &str, key: &str, txn: Txn) -> Result<TxnResponse, StoreError> {
+        let response = self.call(op, key, self.kv().txn(txn)).await?;
+        self.saw(response.header());
+        Ok(response)
+    }
+
+    /// One read of the record: its key-value and lease time left, `None` if it is gone.
+    async fn read(
+        &self,
+        key: &str,
+    ) -> Result<Option<(etcd_client::KeyValue, i64, i64)>, StoreError> {
+        let mut response = self
+            .call("get", key, self.kv().get(self.record_key(key), None))
+            .await?;
+        self.saw(response.header());
+        let Some(kv) = response.take_kvs().into_iter().next() else {
+            return Ok(None);
+        };
+        if kv.lease() == 0 {
+            return Err(StoreError::permanent(
+                format!("etcd {}: get {key:?}", self.endpoints),
+                ForeignRecord("the record has no lease: it was not written by vvm-host"),
+            ));
+        }
+        let ttl = self
+            .call("get", key, self.leases().time_to_live(kv.lease(), None))
+            .await?;
+        Ok(Some((kv, ttl.ttl(), ttl.granted_ttl())))
+    }
+}
+
+#[async_trait]
+impl TtlStore for EtcdStore {
+    async fn insert_if_absent(
+        &self,
+        key: &str,
+        value: &str,
+        ttl: Duration,
+    ) -> Result<Option<Term>, StoreError> {
+        const OP: &str = "insert_if_absent";
+        let record = self.record_key(key);
+        let lease = self.grant(OP, key, ttl).await?;
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                record.as_str(),
+                CompareOp::Equal,
+                0,
+            )])
+            .and_then([TxnOp::put(
+                record,
+                value,
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        let response = self.txn(OP, key, txn).await?;
+        if !response.succeeded() {
+            self.revoke_quietly(lease).await;
+            return Ok(None);
+        }
+        // The put created the key in this transaction, so its create revision is the
+        // transaction's revision.
+        let term = response.header().map_or(0, |h| h.revision());
+        tracing::debug!(key, value, term, lease, "etcd record inserted");
+        Ok(Some(u64::try_from(term).unwrap_or(0)))
+    }
+
+    async fn compare_and_swap(
+        &self,
+        key: &str,
+        expected: &str,
+        new: &str,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        const OP: &str = "compare_and_swap";
+        // A fresh lease, not a keep-alive: a keep-alive would restore the *old* TTL and could
+        // not be made conditional on the value in the same transaction.
+        let record = self.record_key(key);
+        let lease = self.grant(OP, key, ttl).await?;
+        let put = PutOptions::new().with_lease(lease).with_prev_key();
+        let txn = Txn::new()
+            .when([Compare::value(record.as_str(), CompareOp::Equal, expected)])
+            .and_then([TxnOp::put(record, new, Some(put))]);
+        let response = self.txn(OP, key, txn).await?;
+        if !response.succeeded() {
+            self.revoke_quietly(lease).await;
+            return Ok(false);
+        }
+        // The key moved to the new lease; the old one holds nothing now.
+        self.revoke_quietly(previous_lease(&response)).await;
+        Ok(true)
+    }
+
+    async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool, StoreError> {
+        const OP: &str = "compare_and_delete";
+        let record = self.record_key(key);
+        let txn = Txn::new()
+            .when([Compare::value(record.as_str(), CompareOp::Equal, expected)])
+            .and_then([TxnOp::delete(
+                record,
+                Some(DeleteOptions::new().with_prev_key()),
+            )]);
+        let response = self.txn(OP, key, txn).await?;
+        if response.succeeded() {
+            tracing::debug!(key, value = expected, "etcd record deleted");
+            self.revoke_quietly(previous_lease(&response)).await;
+        }
+        Ok(response.succeeded())
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
+        // A swap between reading the key and asking for its lease revokes the lease we ask
+        // about; read once more before calling the record gone.
+        for _ in 0..2 {
+            let Some((kv, left, granted)) = self.read(key).await? else {
+                return Ok(None);
+            };
+            if left < 0 {
+                continue;
+            }
+            let value = kv.value_str().map_err(|_| {
+                StoreError::permanent(
+                    format!("etcd {}: get {key:?}", self.endpoints),
+                    ForeignRecord("the record's value is not UTF-8"),
+                )
+            })?;
+            let left = u64::try_from((left + 1).min(granted)).unwrap_or(0);
+            return Ok(Some(Record {
+                value: value.to_owned(),
+                term: u64::try_from(kv.create_revision()).unwrap_or(0),
+                time_left: Duration::from_secs(left),
+            }));
+        }
+        Ok(None)
+    }
+
+    async fn wait_released(&self, max: Duration) {
+        let _ = tokio::time::timeout(max, self.watch_deletes()).await;
+    }
+}
+
+impl EtcdStore {
+    /// Returns at the first delete of a record (release or expiry) after the newest revision
+    /// this store has seen. If no watch can be set up, returns after a second (a spurious
+    /// wake-up) so the caller looks again without spinning.
+    async fn watch_deletes(&self) {
+        let pause = || tokio::time::sleep(Duration::from_secs(1));
+        let from = self.seen_revision.load(Ordering::Relaxed) + 1;
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_filters([WatchFilterType::NoPut])
+            .with_start_revision(from);
+        let key = self.record_key("");
+        let mut watcher = self.client.watch_client();
+        let watch = watcher.watch(key.as_str(), Some(options));
+        let mut stream = match self.call("watch", &key, watch).await {
+            Ok(stream) => stream,
+            Err(e) => {
+                tracing::debug!(error = %e, "etcd watch failed; waking after a pause");
+                return pause().await;
+            }
+        };
+        loop {
+            match stream.message().await {
+                Ok(Some(response)) if response.canceled() => return,
+                Ok(Some(response)) => {
+                    let deleted = response
+                        .events()
+                        .iter()
+                        .any(|e| e.event_type() == EventType::Delete);
+                    if deleted {
+                        return;
+                    }
+                }
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::debug!(error = %e, "etcd watch broke; waking after a pause");
+                    return pause().await;
+                }
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl FencedKv for EtcdStore {
+    async fn kv_get(&self, space: &str, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let mut response = self
+            .call("kv_get", key, self.kv().get(self.kv_key(space, key), None))
+            .await?;
+        self.saw(response.header());
+        Ok(response
+            .take_kvs()
+            .into_iter()
+            .next()
+            .map(|kv| kv.into_key_value().1))
+    }
+
+    async fn kv_set(
+        &self,
+        fence: &Fence<'_>,
+        space: &str,
+        key: &str,
+        value: &[u8],
+    ) -> Result<bool, StoreError> {
+        let Ok(term) = i64::try_from(fence.term) else {
+            return Ok(false);
+        };
+        let record = self.record_key(fence.lease_key);
+        let txn = Txn::new()
+            .when([Compare::create_revision(record, CompareOp::Equal, term)])
+            .and_then([TxnOp::put(self.kv_key(space, key), value, None)]);
+        Ok(self.txn("kv_set", key, txn).await?.succeeded())
+    }
+}
+
+/// etcd lease seconds for `ttl`: rounded up, at least one.
+fn lease_seconds(ttl: Duration) -> i64 {
+    let seconds = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    i64::try_from(seconds.max(1)).unwrap_or(i64::MAX)
+}
+
+/// The lease of the key-value a put or delete in a successful transaction replaced.
+fn previous_lease(response: &TxnResponse) -> i64 {
+    response
+        .op_responses()
+        .iter()
+        .find_map(|op| match op {
+            TxnOpResponse::Put(put) => put.prev_key().map(etcd_client::KeyValue::lease),
+            TxnOpResponse::Delete(delete) => delete.prev_kvs().first().map(|kv| kv.lease()),
+            _ => None,
+        })
+        .unwrap_or(0)
+}
+
+/// Sorts an etcd-client error into transient or permanent.
+///
+/// Permanent: what retrying cannot fix (bad credentials, missing permission, invalid
+/// arguments or options, auth not enabled). Everything else (unreachable endpoints, broken
+/// connections, timeouts, no leader or quorum, too many requests) is worth retrying.
+fn classify(context: &str, e: etcd_client::Error) -> StoreError {
+    use etcd_client::Error as E;
+    let transient = match &e {
+        E::GRpcStatus(status) => !matches!(
+            status.code(),
+            Code::InvalidArgument
+                | Code::PermissionDenied
+                | Code::Unauthenticated
+                | Code::Unimplemented
+                | Code::FailedPrecondition
+                | Code::OutOfRange
+        ),
+        E::TransportError(_)
+        | E::IoError(_)
+        | E::WatchError(_)
+        | E::LeaseKeepAliveError(_)
+        | E::Internal(_) => true,
+        _ => false,
+    };
+    if transient {
+        StoreError::transient(context, e)
+    } else {
+        StoreError::permanent(context, e)
+    }
+}

@@ -15,7 +15,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp, TokioClock};
+pub use etcd::{EtcdOptions, EtcdStore, EtcdTls, EtcdUrlError};
 pub use mem::MemStore;
+pub use redb_store::RedbStore;
 
 /// Fencing token: strictly increases every time a key is acquired, for the life of the store.
 pub type Term = u64;

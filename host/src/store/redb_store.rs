@@ -1,1 +1,402 @@
-//! TODO: redb backend (issue 3).
+//! The redb backend (SPEC §3): the store contract in one file that several processes share.
+//!
+//! Layout: four tables (`schema.rs`). A lease record's expiry is a [`Timestamp`] of the store's
+//! [`Clock`] (kernel boot id + `CLOCK_BOOTTIME` in production), read inside the write
+//! transaction, so the file is the only timekeeper and wall-clock steps do not move expiry.
+//! Every write commits with [`Durability::Immediate`]; the file is opened in
+//! [`ConcurrencyMode::MultiWriter`], so hosts on one machine share it, and a process killed
+//! with SIGKILL leaves it usable (its file locks die with it; redb's quick-repair state lets
+//! the next writer go on).
+//!
+//! redb calls block, so each operation runs on tokio's blocking pool.
+
+mod fault;
+mod file_watch;
+#[cfg(test)]
+mod process_tests;
+mod schema;
+#[cfg(test)]
+mod tests;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, WriteTransaction};
+use tokio::sync::Notify;
+
+use self::fault::Fault;
+use self::file_watch::FileWatch;
+use self::schema::{
+    BUSY_TIMEOUT, KV, LEASES, META, RELEASES_KEY, SCHEMA_VERSION, TERMS, begin_write, lease_row,
+    live_lease, open_database,
+};
+use super::{Clock, Fence, FencedKv, Record, StoreError, SystemClock, Term, Timestamp, TtlStore};
+
+/// How often [`TtlStore::wait_released`] reads the release counter without a file watch.
+const FALLBACK_POLL: Duration = Duration::from_millis(5);
+/// How often it reads the counter with a file watch, in case the watch missed a write.
+const SAFETY_POLL: Duration = Duration::from_millis(500);
+
+/// The store contract over one redb file, shared by every process that opens it.
+///
+/// Cheap to clone; clones share one database handle, which closes with the last of them
+/// (see [`RedbStore::close`]). Each operation runs to its end on the blocking pool even if
+/// its future is dropped: a write whose caller gave up (a timeout) may still commit.
+#[derive(Clone)]
+pub struct RedbStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    path: PathBuf,
+    clock: Arc<dyn Clock>,
+    /// Replaced by a fresh handle when redb reports that this one is unusable (after an I/O
+    /// error). Operations in flight keep the old handle alive until they end.
+    db: RwLock<Arc<Database>>,
+    /// Queues this process's writers, so only the cross-process write lock needs polling.
+    writer: Mutex<()>,
+    busy_timeout: Duration,
+    /// Wakes this process's waiters at once when it releases a record itself.
+    released: Notify,
+    /// Wakes waiters when another process writes the file; `None` if inotify is unavailable.
+    watch: Option<FileWatch>,
+}
+
+impl RedbStore {
+    /// Opens (or creates) the store file at `path`, with expiry on the machine's clock.
+    ///
+    /// # Errors
+    /// Permanent when the directory is missing or not writable, the file is not a redb
+    /// database or was written with an incompatible schema version, or the kernel boot id
+    /// cannot be read; transient for I/O that may pass.
+    pub async fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        let clock = SystemClock::new().map_err(|e| {
+            StoreError::permanent("reading the kernel boot id for the store clock", e)
+        })?;
+        Self::open_with_clock(path, Arc::new(clock)).await
+    }
+
+    /// Opens (or creates) the store file at `path`, deciding expiry by `clock`.
+    ///
+    /// # Errors
+    /// As [`RedbStore::open`].
+    pub async fn open_with_clock(
+        path: impl AsRef<Path>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, StoreError> {
+        Self::open_inner(path, clock, BUSY_TIMEOUT).await
+    }
+
+    async fn open_inner(
+        path: impl AsRef<Path>,
+        clock: Arc<dyn Clock>,
+        busy_timeout: Duration,
+    ) -> Result<Self, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        let opened = {
+            let path = path.clone();
+            tokio::task::spawn_blocking(move || open_database(&path)).await
+        };
+        let db = opened
+            .unwrap_or_else(|e| Err(Fault::Aborted(e.to_string())))
+            .map_err(|f| f.into_store_error(&path, "open"))?;
+        let watch = FileWatch::start(&path)
+            .inspect_err(|e| {
+                tracing::warn!(path = %path.display(), error = %e,
+                    "no inotify watch on the redb store; waiters poll for releases");
+            })
+            .ok();
+        tracing::info!(path = %path.display(), schema = SCHEMA_VERSION, "redb store opened");
+        Ok(Self {
+            inner: Arc::new(Inner {
+                path,
+                clock,
+                db: RwLock::new(Arc::new(db)),
+                writer: Mutex::new(()),
+                busy_timeout,
+                released: Notify::new(),
+                watch,
+            }),
+        })
+    }
+
+    /// The store file.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// Drops this handle on the blocking pool and waits for that. When it is the last clone,
+    /// this closes the database (which may write and sync the file) without blocking the
+    /// async runtime, and the file is closed cleanly when this returns.
+    pub async fn close(self) {
+        let path = self.inner.path.clone();
+        if tokio::task::spawn_blocking(move || drop(self))
+            .await
+            .is_ok()
+        {
+            tracing::info!(path = %path.display(), "redb store handle closed");
+        }
+    }
+
+    /// Runs `f` in a read transaction on the blocking pool.
+    async fn read<T: Send + 'static>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&redb::ReadTransaction, Timestamp) -> Result<T, Fault> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let inner = Arc::clone(&self.inner);
+        self.blocking(op, move || {
+            let txn = inner.db().begin_read()?;
+            f(&txn, inner.clock.now())
+        })
+        .await
+    }
+
+    /// Runs `f` in a durable write transaction on the blocking pool. `f` returns its result
+    /// and whether it changed anything: only then is the transaction committed.
+    async fn write<T: Send + 'static>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&WriteTransaction, Timestamp) -> Result<(T, bool), Fault> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let inner = Arc::clone(&self.inner);
+        self.blocking(op, move || {
+            let _queue = inner.writer.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut txn = begin_write(&inner.db(), inner.busy_timeout)?;
+            txn.set_durability(Durability::Immediate)?;
+            // Read after the write lock is held, so commits and their clock readings are in
+            // the same order in every process.
+            let (value, changed) = f(&txn, inner.clock.now())?;
+            if changed {
+                txn.commit()?;
+            } else {
+                txn.abort()?;
+            }
+            Ok(value)
+        })
+        .await
+    }
+
+    /// Runs `f` on the blocking pool; turns its failure into a [`StoreError`] and, if redb
+    /// says the handle is spent, opens a fresh one for the next operation.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce() -> Result<T, Fault> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let result = tokio::task::spawn_blocking(f)
+            .await
+            .unwrap_or_else(|e| Err(Fault::Aborted(e.to_string())));
+        result.map_err(|fault| {
+            if fault.needs_reopen() {
+                self.reopen(&fault);
+            }
+            fault.into_store_error(&self.inner.path, op)
+        })
+    }
+
+    fn reopen(&self, cause: &Fault) {
+        let inner = Arc::clone(&self.inner);
+        let cause = cause.to_string();
+        // Opening blocks; the caller already has its error and will retry.
+        tokio::task::spawn_blocking(move || match open_database(&inner.path) {
+            Ok(db) => {
+                *inner.db.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(db);
+                tracing::warn!(path = %inner.path.display(), %cause, "redb store reopened");
+            }
+            Err(e) => {
+                tracing::warn!(path = %inner.path.display(), %cause, error = %e, "redb store reopen failed");
+            }
+        });
+    }
+
+    /// How many releases the file has recorded; see [`RELEASES_KEY`].
+    async fn releases(&self) -> Result<u64, StoreError> {
+        self.read("read the release counter", |txn, _| {
+            Ok(txn
+                .open_table(META)?
+                .get(RELEASES_KEY)?
+                .map_or(0, |v| v.value()))
+        })
+        .await
+    }
+}
+
+impl Inner {
+    fn db(&self) -> Arc<Database> {
+        Arc::clone(&self.db.read().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+#[async_trait]
+impl TtlStore for RedbStore {
+    async fn insert_if_absent(
+        &self,
+        key: &str,
+        value: &str,
+        ttl: Duration,
+    ) -> Result<Option<Term>, StoreError> {
+        let (key, value) = (key.to_owned(), value.to_owned());
+        self.write("insert_if_absent", move |txn, now| {
+            let mut leases = txn.open_table(LEASES)?;
+            if live_lease(&leases, &key, now)?.is_some() {
+                return Ok((None, false));
+            }
+            let mut terms = txn.open_table(TERMS)?;
+            let last = terms.get(key.as_str())?.map_or(0, |t| t.value());
+            let term = last.saturating_add(1);
+            terms.insert(key.as_str(), term)?;
+            leases.insert(key.as_str(), lease_row(&value, term, now, ttl))?;
+            Ok((Some(term), true))
+        })
+        .await
+    }
+
+    async fn compare_and_swap(
+        &self,
+        key: &str,
+        expected: &str,
+        new: &str,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let (key, expected, new) = (key.to_owned(), expected.to_owned(), new.to_owned());
+        self.write("compare_and_swap", move |txn, now| {
+            let mut leases = txn.open_table(LEASES)?;
+            match live_lease(&leases, &key, now)? {
+                Some((lease, _)) if lease.value == expected => {
+                    leases.insert(key.as_str(), lease_row(&new, lease.term, now, ttl))?;
+                    Ok((true, true))
+                }
+                _ => Ok((false, false)),
+            }
+        })
+        .await
+    }
+
+    async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool, StoreError> {
+        let (key, expected) = (key.to_owned(), expected.to_owned());
+        let deleted = self
+            .write("compare_and_delete", move |txn, now| {
+                let mut leases = txn.open_table(LEASES)?;
+                match live_lease(&leases, &key, now)? {
+                    Some((lease, _)) if lease.value == expected => {
+                        leases.remove(key.as_str())?;
+                        let mut meta = txn.open_table(META)?;
+                        let releases = meta.get(RELEASES_KEY)?.map_or(0, |v| v.value());
+                        meta.insert(RELEASES_KEY, releases.wrapping_add(1))?;
+                        Ok((true, true))
+                    }
+                    _ => Ok((false, false)),
+                }
+            })
+            .await?;
+        if deleted {
+            self.inner.released.notify_waiters();
+        }
+        Ok(deleted)
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
+        let key = key.to_owned();
+        self.read("get", move |txn, now| {
+            let leases = txn.open_table(LEASES)?;
+            Ok(
+                live_lease(&leases, &key, now)?.map(|(lease, time_left)| Record {
+                    value: lease.value,
+                    term: lease.term,
+                    time_left,
+                }),
+            )
+        })
+        .await
+    }
+
+    /// Returns on a release by this process (in-process [`Notify`]), on a release by another
+    /// process, or after `max`.
+    ///
+    /// Across processes: a thread per store watches the file with inotify ([`FileWatch`]),
+    /// and on each write to it the waiter reads the release counter that `compare_and_delete`
+    /// bumps in the same transaction. inotify wakes a standby within a millisecond or so of
+    /// the releasing commit, with no polling while nothing happens; the counter filters out
+    /// the other writes (renewals, guest kv writes), which cost a waiter one read each rather
+    /// than a spurious return. Without inotify (watch limit reached, a filesystem that does
+    /// not report writes), or should the watch miss an event, the counter is also polled,
+    /// every [`FALLBACK_POLL`] or [`SAFETY_POLL`].
+    async fn wait_released(&self, max: Duration) {
+        let deadline = tokio::time::Instant::now() + max;
+        let notified = self.inner.released.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        // Subscribe first, then read the counter: a release between the two is still seen.
+        let mut changes = self.inner.watch.as_ref().map(FileWatch::subscribe);
+        let Ok(before) = self.releases().await else {
+            return;
+        };
+        loop {
+            let poll = if changes.is_some() {
+                SAFETY_POLL
+            } else {
+                FALLBACK_POLL
+            };
+            let file_written = async {
+                match &mut changes {
+                    Some(rx) => {
+                        if rx.changed().await.is_err() {
+                            // The watch thread ended: poll from now on.
+                            changes = None;
+                        }
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = &mut notified => return,
+                () = tokio::time::sleep_until(deadline) => return,
+                () = tokio::time::sleep(poll) => {}
+                () = file_written => {}
+            }
+            match self.releases().await {
+                Ok(now) if now == before => {}
+                // Released, or the store failed: either way the caller should look.
+                _ => return,
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl FencedKv for RedbStore {
+    async fn kv_get(&self, space: &str, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let (space, key) = (space.to_owned(), key.to_owned());
+        self.read("kv_get", move |txn, _| {
+            let kv = txn.open_table(KV)?;
+            Ok(kv
+                .get((space.as_str(), key.as_str()))?
+                .map(|v| v.value().to_vec()))
+        })
+        .await
+    }
+
+    async fn kv_set(
+        &self,
+        fence: &Fence<'_>,
+        space: &str,
+        key: &str,
+        value: &[u8],
+    ) -> Result<bool, StoreError> {
+        let (lease_key, term) = (fence.lease_key.to_owned(), fence.term);
+        let (space, key, value) = (space.to_owned(), key.to_owned(), value.to_vec());
+        self.write("kv_set", move |txn, now| {
+            let leases = txn.open_table(LEASES)?;
+            if live_lease(&leases, &lease_key, now)?.is_none_or(|(lease, _)| lease.term != term) {
+                return Ok((false, false));
+            }
+            txn.open_table(KV)?
+                .insert((space.as_str(), key.as_str()), value.as_slice())?;
+            Ok((true, true))
+        })
+        .await
+    }
+}

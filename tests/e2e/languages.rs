@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use rustix::process::Signal;
 use serde_json::Value;
 
-use crate::support::{self, Host, Line};
+use crate::guests;
+use crate::support::{Host, Line};
 
 /// The compile cache must make the second load at least this many times faster.
 const CACHE_SPEEDUP: u32 = 10;
@@ -18,8 +19,11 @@ fn example_dir(example: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let services = dir.path().join("services");
     std::fs::create_dir(&services).unwrap();
-    let wasm = format!("{example}.wasm");
-    std::fs::copy(support::guests().join(&wasm), services.join(&wasm)).unwrap();
+    std::fs::copy(
+        guests::guest(example),
+        services.join(format!("{example}.wasm")),
+    )
+    .unwrap();
     std::fs::write(
         dir.path().join("vvm.toml"),
         format!("[service.{example}]\nenv = [\"TICK_MS=50\"]\n"),

@@ -1,0 +1,224 @@
+//! Latency of the redb store: insert / CAS / delete, median and p99, with the file used by this
+//! process alone and with a second process writing the same file; then how soon a waiter
+//! learns of a release committed by another process.
+//!
+//! Run with `cargo bench -p vvm-host --bench store`. The file lives in `$VVM_BENCH_DIR`, else
+//! the system temp directory: its filesystem decides the cost of `fsync`.
+//!
+//! The benchmark runs itself again as the second process (`VVM_BENCH_ROLE`).
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use vvm_host::store::{RedbStore, TtlStore};
+
+const OPS: usize = 1000;
+const WAKES: usize = 100;
+const TTL: Duration = Duration::from_secs(3600);
+const ROLE_ENV: &str = "VVM_BENCH_ROLE";
+const PATH_ENV: &str = "VVM_BENCH_PATH";
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match std::env::var(ROLE_ENV).as_deref() {
+        Ok("writer") => rt.block_on(writer(path_from_env())),
+        Ok("releaser") => rt.block_on(releaser(path_from_env())),
+        _ => rt.block_on(bench()),
+    }
+}
+
+fn path_from_env() -> PathBuf {
+    PathBuf::from(std::env::var_os(PATH_ENV).expect("store path in the environment"))
+}
+
+async fn bench() {
+    let base = std::env::var_os("VVM_BENCH_DIR").map_or_else(std::env::temp_dir, PathBuf::from);
+    let dir = tempfile::tempdir_in(&base).expect("temp dir");
+    let path = dir.path().join("bench.redb");
+    let store = RedbStore::open(&path).await.expect("open store");
+
+    println!(
+        "redb store latency, {OPS} operations each, file in {}",
+        base.display()
+    );
+    println!("{:<15} {:<8} {:>10} {:>10}", "mode", "op", "median", "p99");
+    run_ops(&store, "single-process", "a").await;
+    let mut other = spawn("writer", &path, Stdio::null());
+    // Let the other process get going.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    run_ops(&store, "multi-process", "b").await;
+    other.kill().expect("stop the writer");
+    other.wait().expect("reap the writer");
+
+    wakes(&store, &path).await;
+}
+
+/// Times `OPS` inserts of new keys, then a CAS on each, then a delete of each.
+async fn run_ops(store: &RedbStore, mode: &str, prefix: &str) {
+    let keys: Vec<String> = (0..OPS).map(|i| format!("{prefix}{i}")).collect();
+    let mut times = Vec::with_capacity(OPS);
+    for key in &keys {
+        let t = Instant::now();
+        let term = store
+            .insert_if_absent(key, "v1", TTL)
+            .await
+            .expect("insert");
+        times.push(t.elapsed());
+        assert!(term.is_some());
+    }
+    row(mode, "insert", &mut times);
+    for key in &keys {
+        let t = Instant::now();
+        let swapped = store
+            .compare_and_swap(key, "v1", "v2", TTL)
+            .await
+            .expect("cas");
+        times.push(t.elapsed());
+        assert!(swapped);
+    }
+    row(mode, "cas", &mut times);
+    for key in &keys {
+        let t = Instant::now();
+        let deleted = store.compare_and_delete(key, "v2").await.expect("delete");
+        times.push(t.elapsed());
+        assert!(deleted);
+    }
+    row(mode, "delete", &mut times);
+    for key in &keys {
+        let t = Instant::now();
+        let record = store.get(key).await.expect("get");
+        times.push(t.elapsed());
+        assert!(record.is_none());
+    }
+    row(mode, "get", &mut times);
+}
+
+/// Another process deletes a record; we time from its commit to our `wait_released`
+/// returning, and to our `insert_if_absent` of the key having succeeded (a standby's
+/// takeover). Both processes read `CLOCK_BOOTTIME`, so their readings compare.
+async fn wakes(store: &RedbStore, path: &Path) {
+    let mut child = spawn("releaser", path, Stdio::piped());
+    let mut to_child = child.stdin.take().expect("releaser stdin");
+    let mut from_child = BufReader::new(child.stdout.take().expect("releaser stdout"));
+    let (mut wake, mut takeover) = (Vec::new(), Vec::new());
+    for i in 0..WAKES {
+        let key = format!("w{i}");
+        store
+            .insert_if_absent(&key, "other", TTL)
+            .await
+            .expect("insert");
+        let waiter = {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store.wait_released(Duration::from_secs(5)).await;
+                let woke = boot_nanos();
+                let acquired = store
+                    .insert_if_absent(&key, "me", TTL)
+                    .await
+                    .expect("insert");
+                (woke, boot_nanos(), acquired.is_some())
+            })
+        };
+        // Let the waiter start waiting.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        writeln!(to_child, "w{i}").expect("ask the releaser");
+        let mut line = String::new();
+        from_child.read_line(&mut line).expect("releaser reply");
+        let committed: u64 = line.trim().parse().expect("commit time");
+        let (woke, acquired_at, acquired) = waiter.await.expect("waiter");
+        assert!(acquired, "the standby took the released key");
+        wake.push(Duration::from_nanos(woke.saturating_sub(committed)));
+        takeover.push(Duration::from_nanos(acquired_at.saturating_sub(committed)));
+    }
+    drop(to_child);
+    child.wait().expect("reap the releaser");
+    println!();
+    println!("release in another process -> standby, {WAKES} times");
+    println!(
+        "{:<15} {:<8} {:>10} {:>10}",
+        "mode", "step", "median", "p99"
+    );
+    row("multi-process", "wake", &mut wake);
+    row("multi-process", "acquire", &mut takeover);
+}
+
+/// Prints one table row and empties `times`.
+fn row(mode: &str, op: &str, times: &mut Vec<Duration>) {
+    times.sort();
+    let at = |q: f64| {
+        // Nearest rank: ceil(q·n) - 1.
+        let rank = (q * times.len() as f64).ceil() as usize;
+        times[rank.clamp(1, times.len()) - 1]
+    };
+    println!(
+        "{mode:<15} {op:<8} {:>10} {:>10}",
+        fmt(at(0.5)),
+        fmt(at(0.99))
+    );
+    times.clear();
+}
+
+fn fmt(d: Duration) -> String {
+    format!("{:.3} ms", d.as_secs_f64() * 1e3)
+}
+
+fn boot_nanos() -> u64 {
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
+fn spawn(role: &str, path: &Path, stdio: Stdio) -> Child {
+    let stdin = if matches!(role, "releaser") {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    };
+    Command::new(std::env::current_exe().expect("own executable"))
+        .env(ROLE_ENV, role)
+        .env(PATH_ENV, path)
+        .stdin(stdin)
+        .stdout(stdio)
+        .spawn()
+        .expect("spawn the second process")
+}
+
+/// The second process of the multi-process mode: swaps its own record as fast as it can.
+async fn writer(path: PathBuf) {
+    let store = RedbStore::open(&path).await.expect("open store");
+    store
+        .insert_if_absent("bg", "0", TTL)
+        .await
+        .expect("insert");
+    for n in 0_u64.. {
+        let (old, new) = (n.to_string(), (n + 1).to_string());
+        assert!(
+            store
+                .compare_and_swap("bg", &old, &new, TTL)
+                .await
+                .expect("cas")
+        );
+    }
+}
+
+/// Deletes each key named on stdin, printing `CLOCK_BOOTTIME` right after the commit.
+async fn releaser(path: PathBuf) {
+    let store = RedbStore::open(&path).await.expect("open store");
+    let mut out = std::io::stdout();
+    for line in std::io::stdin().lines() {
+        let key = line.expect("stdin");
+        assert!(
+            store
+                .compare_and_delete(&key, "other")
+                .await
+                .expect("delete")
+        );
+        writeln!(out, "{}", boot_nanos()).expect("stdout");
+        out.flush().expect("stdout");
+    }
+}

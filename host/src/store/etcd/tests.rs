@@ -1,0 +1,418 @@
+//! Tests of the etcd backend against a real `etcd` child process.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::test_server::{EtcdServer, ServerTls, free_ports};
+use super::*;
+use crate::store::ManualClock;
+use crate::store::conformance::{self, Backend};
+
+/// One etcd per test case; every open connects a new client to it.
+struct Etcd {
+    server: EtcdServer,
+}
+
+impl Etcd {
+    fn start() -> Option<Self> {
+        EtcdServer::start().map(|server| Self { server })
+    }
+
+    fn options(&self) -> EtcdOptions {
+        EtcdOptions {
+            endpoints: vec![self.server.endpoint()],
+            ..EtcdOptions::default()
+        }
+    }
+
+    async fn store(&self) -> EtcdStore {
+        EtcdStore::connect(self.options()).await.unwrap()
+    }
+
+    /// A plain client for looking behind the store's back.
+    async fn raw(&self) -> Client {
+        Client::connect([self.server.endpoint()], None)
+            .await
+            .unwrap()
+    }
+}
+
+impl Backend for Etcd {
+    type Store = EtcdStore;
+    const PERSISTENT: bool = true;
+    const EXACT_CLOCK: bool = false;
+    const TTL: Duration = Duration::from_secs(3);
+    // The leader sweeps expired leases every 500 ms; the rest is headroom for a busy CI.
+    const EXPIRY_LAG: Duration = Duration::from_millis(1500);
+
+    async fn open(&mut self, _clock: &ManualClock) -> EtcdStore {
+        self.store().await
+    }
+
+    /// The cluster keeps its own time: let it pass.
+    async fn advance(&mut self, _clock: &ManualClock, d: Duration) {
+        tokio::time::sleep(d).await;
+    }
+}
+
+conformance::suite!(optional: Etcd::start());
+
+/// Number of leases the cluster holds.
+async fn lease_count(raw: &mut Client) -> usize {
+    raw.leases().await.unwrap().leases().len()
+}
+
+#[tokio::test]
+async fn ttl_is_rounded_up_to_whole_seconds() {
+    let Some(etcd) = Etcd::start() else { return };
+    let s = etcd.store().await;
+    for (ttl, secs) in [
+        (Duration::from_nanos(1), 1),
+        (Duration::from_millis(1200), 2),
+    ] {
+        s.insert_if_absent("k", "a", ttl).await.unwrap().unwrap();
+        assert_eq!(
+            s.get("k").await.unwrap().unwrap().time_left,
+            Duration::from_secs(secs)
+        );
+        assert!(s.compare_and_delete("k", "a").await.unwrap());
+    }
+}
+
+#[tokio::test]
+async fn swap_uses_the_new_ttl_and_no_lease_is_left_behind() {
+    let Some(etcd) = Etcd::start() else { return };
+    let s = etcd.store().await;
+    let mut raw = etcd.raw().await;
+    s.insert_if_absent("k", "a", Duration::from_secs(60))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        s.insert_if_absent("k", "b", Duration::from_secs(60))
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        lease_count(&mut raw).await,
+        1,
+        "the failed insert's lease is revoked"
+    );
+    // A keep-alive would restore 60 s; the contract says expiry becomes now + the new TTL.
+    assert!(
+        s.compare_and_swap("k", "a", "a", Duration::from_secs(2))
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        s.get("k").await.unwrap().unwrap().time_left,
+        Duration::from_secs(2)
+    );
+    assert!(
+        !s.compare_and_swap("k", "x", "a", Duration::from_secs(9))
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        lease_count(&mut raw).await,
+        1,
+        "old and unused leases are revoked"
+    );
+    assert!(s.compare_and_delete("k", "a").await.unwrap());
+    assert_eq!(lease_count(&mut raw).await, 0);
+}
+
+#[tokio::test]
+async fn wait_released_wakes_on_expiry() {
+    let Some(etcd) = Etcd::start() else { return };
+    let s = etcd.store().await;
+    s.insert_if_absent("k", "a", Duration::from_secs(1))
+        .await
+        .unwrap()
+        .unwrap();
+    let start = Instant::now();
+    s.wait_released(Duration::from_secs(30)).await;
+    let waited = start.elapsed();
+    assert!(waited < Duration::from_secs(5), "woke after {waited:?}");
+    assert!(
+        s.get("k").await.unwrap().is_none(),
+        "woke because the record expired"
+    );
+}
+
+#[tokio::test]
+async fn wait_released_sees_a_delete_between_get_and_wait() {
+    let Some(etcd) = Etcd::start() else { return };
+    let (waiter, holder) = (etcd.store().await, etcd.store().await);
+    holder
+        .insert_if_absent("k", "a", Duration::from_secs(60))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(waiter.get("k").await.unwrap().is_some());
+    assert!(holder.compare_and_delete("k", "a").await.unwrap());
+    // The delete happened before the watch exists; the watch starts at the revision the
+    // waiter's get saw, so it still reports it.
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        waiter.wait_released(Duration::from_secs(60)),
+    )
+    .await
+    .expect("woke for the earlier delete");
+}
+
+#[tokio::test]
+async fn writes_do_not_wake_a_waiter() {
+    let Some(etcd) = Etcd::start() else { return };
+    let s = Arc::new(etcd.store().await);
+    let start = Instant::now();
+    let waiter = tokio::spawn({
+        let s = Arc::clone(&s);
+        async move { s.wait_released(Duration::from_secs(2)).await }
+    });
+    s.insert_if_absent("k", "a", Duration::from_secs(60))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        s.compare_and_swap("k", "a", "b", Duration::from_secs(60))
+            .await
+            .unwrap()
+    );
+    waiter.await.unwrap();
+    assert!(
+        start.elapsed() >= Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn prefixes_and_kv_spaces_are_apart() {
+    let Some(etcd) = Etcd::start() else { return };
+    let a = etcd.store().await;
+    let b = EtcdStore::connect(EtcdOptions {
+        prefix: "other/".into(),
+        ..etcd.options()
+    })
+    .await
+    .unwrap();
+    let term = a
+        .insert_if_absent("k", "a", Duration::from_secs(60))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        b.insert_if_absent("k", "b", Duration::from_secs(60))
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let fence = Fence {
+        lease_key: "k",
+        term,
+    };
+    assert!(a.kv_set(&fence, "s/x", "y", b"1").await.unwrap());
+    assert!(a.kv_set(&fence, "s", "x/y", b"2").await.unwrap());
+    assert_eq!(
+        a.kv_get("s/x", "y").await.unwrap().as_deref(),
+        Some(&b"1"[..])
+    );
+    assert_eq!(
+        a.kv_get("s", "x/y").await.unwrap().as_deref(),
+        Some(&b"2"[..])
+    );
+    assert_eq!(b.kv_get("s", "x/y").await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn unreachable_endpoint_is_transient_and_quick() {
+    let [port] = free_ports();
+    let endpoint = format!("127.0.0.1:{port}");
+    let start = Instant::now();
+    let err = EtcdStore::connect(EtcdOptions {
+        endpoints: vec![endpoint.clone()],
+        connect_timeout: Duration::from_millis(300),
+        request_timeout: Duration::from_millis(500),
+        ..EtcdOptions::default()
+    })
+    .await
+    .err()
+    .expect("nothing listens there");
+    assert!(err.is_transient(), "{err}");
+    assert!(err.to_string().contains(&endpoint), "{err}");
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_dead_cluster_fails_calls_within_the_request_timeout() {
+    let Some(etcd) = Etcd::start() else { return };
+    let s = EtcdStore::connect(EtcdOptions {
+        request_timeout: Duration::from_millis(500),
+        ..etcd.options()
+    })
+    .await
+    .unwrap();
+    s.insert_if_absent("k", "a", Duration::from_secs(60))
+        .await
+        .unwrap()
+        .unwrap();
+    drop(etcd);
+    let start = Instant::now();
+    let err = s
+        .compare_and_swap("k", "a", "a", Duration::from_secs(60))
+        .await
+        .unwrap_err();
+    assert!(err.is_transient(), "{err}");
+    let err = s.get("k").await.unwrap_err();
+    assert!(err.is_transient(), "{err}");
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+    let start = Instant::now();
+    s.wait_released(Duration::from_secs(30)).await;
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "no watch: a spurious wake-up soon"
+    );
+}
+
+#[tokio::test]
+async fn wrong_password_is_permanent_and_right_one_works() {
+    let Some(etcd) = Etcd::start() else { return };
+    let mut raw = etcd.raw().await;
+    raw.role_add("root").await.unwrap();
+    raw.user_add("root", "secret", None).await.unwrap();
+    raw.user_grant_role("root", "root").await.unwrap();
+    raw.auth_enable().await.unwrap();
+    let with = |password: &str| EtcdOptions {
+        user: Some("root".into()),
+        password: Some(password.into()),
+        ..etcd.options()
+    };
+    let err = EtcdStore::connect(with("wrong"))
+        .await
+        .err()
+        .expect("bad password");
+    assert!(!err.is_transient(), "{err}");
+    assert!(err.to_string().contains(&etcd.server.endpoint()), "{err}");
+    let s = EtcdStore::connect(with("secret")).await.unwrap();
+    assert!(
+        s.insert_if_absent("k", "a", Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let anonymous = EtcdStore::connect(etcd.options())
+        .await
+        .err()
+        .expect("no user");
+    assert!(!anonymous.is_transient(), "{anonymous}");
+}
+
+/// Writes a CA, a server certificate for 127.0.0.1 and a client certificate (PEM) into `dir`.
+fn write_certificates(dir: &std::path::Path) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
+    std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
+    for name in ["server", "client"] {
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec!["127.0.0.1".to_owned()])
+            .unwrap()
+            .signed_by(&key, &ca)
+            .unwrap();
+        std::fs::write(dir.join(format!("{name}.pem")), cert.pem()).unwrap();
+        std::fs::write(dir.join(format!("{name}-key.pem")), key.serialize_pem()).unwrap();
+    }
+}
+
+#[tokio::test]
+async fn tls_with_a_client_certificate() {
+    let certs = tempfile::tempdir().unwrap();
+    let path = |name: &str| certs.path().join(name);
+    write_certificates(certs.path());
+    let server_tls = ServerTls {
+        ca: &path("ca.pem"),
+        cert: &path("server.pem"),
+        key: &path("server-key.pem"),
+    };
+    let Some(server) = EtcdServer::start_tls(&server_tls) else {
+        return;
+    };
+    let options = |cert: Option<PathBuf>, key: Option<PathBuf>| EtcdOptions {
+        endpoints: vec![server.endpoint()],
+        tls: Some(EtcdTls {
+            ca: Some(path("ca.pem")),
+            cert,
+            key,
+        }),
+        request_timeout: Duration::from_secs(1),
+        ..EtcdOptions::default()
+    };
+    let s = EtcdStore::connect(options(
+        Some(path("client.pem")),
+        Some(path("client-key.pem")),
+    ))
+    .await
+    .unwrap();
+    s.insert_if_absent("k", "a", Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(s.get("k").await.unwrap().unwrap().value, "a");
+    let refused = EtcdStore::connect(options(None, None)).await.err();
+    assert!(
+        refused.is_some(),
+        "the server requires a client certificate"
+    );
+    let plain = EtcdStore::connect(EtcdOptions {
+        endpoints: vec![server.endpoint()],
+        request_timeout: Duration::from_secs(1),
+        ..EtcdOptions::default()
+    })
+    .await
+    .err();
+    assert!(plain.is_some(), "the server speaks only TLS on this port");
+}
+
+#[test]
+fn classification() {
+    use etcd_client::Error as E;
+    let grpc = |code, msg: &str| E::GRpcStatus(tonic::Status::new(code, msg));
+    let transient = |e| classify("ctx", e).is_transient();
+    assert!(transient(grpc(
+        Code::Unavailable,
+        "etcdserver: request timed out"
+    )));
+    assert!(transient(grpc(Code::Unavailable, "etcdserver: no leader")));
+    assert!(transient(grpc(
+        Code::DeadlineExceeded,
+        "context deadline exceeded"
+    )));
+    assert!(transient(grpc(
+        Code::NotFound,
+        "etcdserver: requested lease not found"
+    )));
+    assert!(!transient(grpc(
+        Code::InvalidArgument,
+        "etcdserver: authentication failed"
+    )));
+    assert!(!transient(grpc(
+        Code::PermissionDenied,
+        "etcdserver: permission denied"
+    )));
+    assert!(!transient(E::InvalidArgs("bad".into())));
+    assert_eq!(lease_seconds(Duration::ZERO), 1);
+    assert_eq!(lease_seconds(Duration::from_secs(2)), 2);
+    assert_eq!(lease_seconds(Duration::from_millis(2001)), 3);
+}

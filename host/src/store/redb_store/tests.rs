@@ -1,0 +1,247 @@
+//! The conformance suite on a real redb file, and the bad-input and busy cases of this backend.
+
+use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+use super::schema::SCHEMA_KEY;
+use super::*;
+use crate::store::ManualClock;
+use crate::store::conformance::{self, Backend};
+use redb::{Builder, ConcurrencyMode, TableDefinition};
+
+const TTL: Duration = Duration::from_secs(10);
+
+/// A redb file in a fresh directory; every `open` opens that same file again.
+struct Redb {
+    dir: TempDir,
+}
+
+impl Redb {
+    fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+}
+
+impl Backend for Redb {
+    type Store = RedbStore;
+    const PERSISTENT: bool = true;
+    async fn open(&mut self, clock: &ManualClock) -> RedbStore {
+        RedbStore::open_with_clock(self.dir.path().join("store.redb"), Arc::new(clock.clone()))
+            .await
+            .unwrap()
+    }
+}
+
+conformance::suite!(Redb::new());
+
+async fn open_err(path: &Path) -> StoreError {
+    match RedbStore::open_with_clock(path, Arc::new(ManualClock::default())).await {
+        Ok(_) => panic!("opening {} succeeded", path.display()),
+        Err(e) => e,
+    }
+}
+
+/// Asserts a permanent error whose text names `path` and contains `cause`.
+fn assert_permanent(e: &StoreError, path: &Path, cause: &str) {
+    let text = e.to_string();
+    assert!(!e.is_transient(), "should be permanent: {text}");
+    assert!(
+        text.contains(&path.display().to_string()),
+        "names the path: {text}"
+    );
+    assert!(text.contains(cause), "names the cause {cause:?}: {text}");
+}
+
+#[tokio::test]
+async fn store_in_missing_directory_is_a_permanent_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("missing").join("store.redb");
+    assert_permanent(&open_err(&path).await, &path, "No such file or directory");
+}
+
+#[test]
+fn store_in_read_only_directory_is_a_permanent_error() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o555)).unwrap();
+    let path = dir.path().join("store.redb");
+    // Root ignores permission bits through CAP_DAC_OVERRIDE: drop it in a thread of our own
+    // (capabilities are per thread, and the runtime's threads started there inherit them).
+    let err = std::thread::spawn(move || {
+        use rustix::thread::{CapabilitySet, capabilities, set_capabilities};
+        let mut caps = capabilities(None).unwrap();
+        caps.effective -= CapabilitySet::DAC_OVERRIDE | CapabilitySet::DAC_READ_SEARCH;
+        set_capabilities(None, caps).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let err = rt.block_on(open_err(&path));
+        (path, err)
+    })
+    .join()
+    .unwrap();
+    assert_permanent(&err.1, &err.0, "Permission denied");
+}
+
+#[tokio::test]
+async fn file_that_is_not_a_redb_database_is_a_permanent_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("notes.txt");
+    std::fs::write(&path, "these are my notes, not a database\n".repeat(200)).unwrap();
+    assert_permanent(&open_err(&path).await, &path, "Not a redb database");
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        "these are my notes, not a database\n"
+            .repeat(200)
+            .as_bytes(),
+        "the foreign file is left as it was"
+    );
+}
+
+#[tokio::test]
+async fn incompatible_schema_version_is_a_permanent_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    // A store as a future vvm-host with schema version 99 would leave it.
+    {
+        let db = Database::create(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(META)
+            .unwrap()
+            .insert(SCHEMA_KEY, 99)
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let e = open_err(&path).await;
+    assert_permanent(&e, &path, "incompatible schema version 99");
+}
+
+#[tokio::test]
+async fn redb_database_of_another_program_is_a_permanent_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("other.redb");
+    {
+        let db = Database::create(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        let users: TableDefinition<u64, &str> = TableDefinition::new("users");
+        txn.open_table(users).unwrap().insert(1, "ann").unwrap();
+        txn.commit().unwrap();
+    }
+    assert_permanent(&open_err(&path).await, &path, "not a vvm-host store");
+}
+
+#[tokio::test]
+async fn changed_table_types_are_a_permanent_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    {
+        // Right version, but a `leases` table of another layout.
+        let db = Database::create(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(META)
+            .unwrap()
+            .insert(SCHEMA_KEY, SCHEMA_VERSION)
+            .unwrap();
+        let leases: TableDefinition<&str, u64> = TableDefinition::new("leases");
+        txn.open_table(leases).unwrap().insert("1", 7).unwrap();
+        txn.commit().unwrap();
+    }
+    assert_permanent(&open_err(&path).await, &path, "table layout differs");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_lock_held_by_another_writer_is_a_transient_busy_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::default());
+    let store = RedbStore::open_inner(&path, clock, Duration::from_millis(100))
+        .await
+        .unwrap();
+    // A second handle on the file acts as another process stuck in a write transaction.
+    let other = Builder::new()
+        .set_concurrency_mode(ConcurrencyMode::MultiWriter)
+        .open(&path)
+        .unwrap();
+    let stuck = other.begin_write().unwrap();
+    let e = store.insert_if_absent("1", "a", TTL).await.unwrap_err();
+    assert!(e.is_transient(), "{e}");
+    let text = e.to_string();
+    assert!(
+        text.contains(&path.display().to_string()) && text.contains("write lock"),
+        "{text}"
+    );
+    assert!(
+        store.get("1").await.unwrap().is_none(),
+        "reads go on meanwhile"
+    );
+    stuck.abort().unwrap();
+    assert!(
+        store
+            .insert_if_absent("1", "a", TTL)
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_handles_share_records_and_a_release_wakes_the_other_handle() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::default());
+    let a = RedbStore::open_with_clock(&path, Arc::clone(&clock))
+        .await
+        .unwrap();
+    let b = RedbStore::open_with_clock(&path, clock).await.unwrap();
+    let term = a.insert_if_absent("1", "a", TTL).await.unwrap().unwrap();
+    assert_eq!(b.get("1").await.unwrap().unwrap().term, term);
+    assert_eq!(b.insert_if_absent("1", "b", TTL).await.unwrap(), None);
+
+    // `b` has its own Notify: only the file watch can wake it.
+    let waiter = tokio::spawn(async move {
+        let started = Instant::now();
+        b.wait_released(Duration::from_secs(60)).await;
+        (started.elapsed(), b)
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Other writes to the file do not end the wait.
+    assert!(a.compare_and_swap("1", "a", "a", TTL).await.unwrap());
+    let fence = Fence {
+        lease_key: "1",
+        term,
+    };
+    assert!(a.kv_set(&fence, "svc", "k", b"v").await.unwrap());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!waiter.is_finished(), "woke on a renewal or a kv write");
+    assert!(a.compare_and_delete("1", "a").await.unwrap());
+    let (waited, b) = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the release in another handle woke the waiter")
+        .unwrap();
+    assert!(waited < Duration::from_secs(10));
+    assert!(b.insert_if_absent("1", "b", TTL).await.unwrap().unwrap() > term);
+}
+
+#[tokio::test]
+async fn wait_released_returns_after_max_without_a_release() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = RedbStore::open_with_clock(
+        dir.path().join("store.redb"),
+        Arc::new(ManualClock::default()),
+    )
+    .await
+    .unwrap();
+    store
+        .insert_if_absent("1", "a", TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    let started = Instant::now();
+    store.wait_released(Duration::from_millis(200)).await;
+    assert!(started.elapsed() >= Duration::from_millis(200));
+}
