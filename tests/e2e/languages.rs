@@ -66,7 +66,15 @@ fn serve_once(name: &'static str, dir: &Path, example: &str, cached: bool) -> Ru
     let mut host = Host::start(
         name,
         dir,
-        &["serve", "--lease", "5s", "--cache-dir", "cache", "--grace-period", "2s"],
+        &[
+            "serve",
+            "--lease",
+            "5s",
+            "--cache-dir",
+            "cache",
+            "--grace-period",
+            "2s",
+        ],
     );
     let loaded = host.wait_for(&["services loaded"]);
     let (compiled, hits) = if cached { (0, 1) } else { (1, 0) };
@@ -84,8 +92,19 @@ fn serve_once(name: &'static str, dir: &Path, example: &str, cached: bool) -> Ru
 
     host.signal(Signal::TERM);
     host.wait_for(&[&service, "ticker stopping"]);
-    host.wait_for(&[&service, "stopped within grace"]);
-    assert!(host.wait_exit().success(), "{name} did not exit 0 on SIGTERM");
+    assert!(
+        host.wait_exit().success(),
+        "{name} did not exit 0 on SIGTERM"
+    );
+
+    // It returned in time: no failure, no restart, no instance dropped after the grace.
+    let complaints: Vec<String> = host
+        .lines()
+        .into_iter()
+        .filter(|l| l.text.contains(&service) && !l.text.contains("\"level\":\"INFO\""))
+        .map(|l| l.text)
+        .collect();
+    assert!(complaints.is_empty(), "{complaints:#?}");
 
     let ticks: Vec<String> = host
         .lines()
@@ -113,7 +132,10 @@ fn example_runs_under_serve(example: &str) {
     );
 
     let second = serve_once("second", dir.path(), example, true);
-    assert!(second.term > first.term, "a new leadership has a newer term");
+    assert!(
+        second.term > first.term,
+        "a new leadership has a newer term"
+    );
     let last = *first.counts.last().unwrap();
     assert_eq!(
         second.counts[0],
