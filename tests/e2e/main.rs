@@ -1,5 +1,7 @@
 //! End-to-end tests: real `vvm-host` processes sharing one store (SPEC §5, §8).
 
+#![allow(clippy::unwrap_used)]
+
 #[path = "../../host/tests/support/guests.rs"]
 #[allow(dead_code)]
 mod guests;
