@@ -24,7 +24,11 @@ function tickMs(fallback) {
 // when the store cannot be reached.
 function readCount() {
   const value = get('count');
-  return value === undefined ? 0 : Number.parseInt(new TextDecoder().decode(value), 10);
+  if (value === undefined) return 0;
+  const text = new TextDecoder().decode(value);
+  const count = Number.parseInt(text, 10);
+  if (!Number.isSafeInteger(count)) throw `count ${JSON.stringify(text)}: not a number`;
+  return count;
 }
 
 // Waits `ms` or until the host says stop; true if the service must stop.
@@ -33,7 +37,8 @@ function sleepOrStop(stopping, ms) {
   return poll([stopping, timer]).includes(0);
 }
 
-// Called once per leadership. Returning is `ok`; throwing is `err(message)`.
+// Called once per leadership. Returning is `ok`; throwing a string (or an import's error,
+// which carries its message as `payload`) is `err(message)`.
 export function run() {
   const lease = current();
   const stopping = stoppingPollable();

@@ -24,7 +24,12 @@ def tick_ms(default: int) -> int:
 
 def read_count() -> int:
     value = kv.get("count")  # raises Err(str) if the store cannot be reached
-    return 0 if value is None else int(value.decode())
+    if value is None:
+        return 0
+    try:
+        return int(value.decode())
+    except ValueError:
+        raise Err(f"count {value!r}: not a number")
 
 
 def sleep_or_stop(stopping: poll.Pollable, ms: int) -> bool:
@@ -37,7 +42,10 @@ class WitWorld(wit_world.WitWorld):
     def run(self) -> None:
         current = lease.current()
         period = tick_ms(1000)
-        info(f"python ticker started: slot {current.slot} holder {current.holder} term {current.term}")
+        info(
+            f"python ticker started: slot {current.slot} holder {current.holder} "
+            f"term {current.term}"
+        )
         with lease.stopping() as stopping:
             tick = 0
             while True:
