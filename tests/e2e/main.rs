@@ -2,6 +2,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod cli;
 #[path = "../../host/tests/support/guests.rs"]
 #[allow(dead_code)]
 mod guests;
@@ -15,7 +16,7 @@ use rustix::process::Signal;
 use support::{Host, Line};
 
 /// A directory with `services/` holding the ticker example, shared by the hosts of a test.
-fn cluster_dir() -> tempfile::TempDir {
+pub(crate) fn cluster_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let services = dir.path().join("services");
     std::fs::create_dir(&services).unwrap();
@@ -25,7 +26,7 @@ fn cluster_dir() -> tempfile::TempDir {
 }
 
 /// `vvm-host serve` in `dir` with its own compile cache and the given lease.
-fn serve(name: &'static str, dir: &Path, lease: &str) -> Host {
+pub(crate) fn serve(name: &'static str, dir: &Path, lease: &str) -> Host {
     let cache = format!("cache-{name}");
     Host::start(
         name,

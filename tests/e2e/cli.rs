@@ -1,0 +1,122 @@
+//! The command line as an operator meets it: `status` beside a serving host, `check`, and
+//! signals during shutdown (SPEC §8).
+
+use std::path::Path;
+use std::process::Command;
+
+use rustix::process::Signal;
+
+use crate::support::{BIN, Host};
+use crate::{cluster_dir, guests, serve};
+
+fn run(dir: &Path, args: &[&str]) -> (bool, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .current_dir(dir)
+        .env("RUST_LOG", "off")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+#[test]
+fn status_shows_the_holder_and_term_while_a_host_serves_the_same_file() {
+    let dir = cluster_dir();
+    let mut host = serve("a", dir.path(), "20s");
+    let leading = host.wait_for(&["leading"]);
+    let v: serde_json::Value = serde_json::from_str(&leading.text).unwrap();
+    let term = v["fields"]["term"].as_u64().unwrap();
+    let holder_line = host.wait_for(&["\"holder\""]);
+    let h: serde_json::Value = serde_json::from_str(&holder_line.text).unwrap();
+    let holder = h["fields"]["holder"].as_str().unwrap().to_owned();
+
+    let (ok, text) = run(dir.path(), &["status", "--cluster-size", "2"]);
+    assert!(ok, "{text}");
+    let slot1 = text.lines().find(|l| l.starts_with("1 ")).unwrap();
+    assert!(slot1.contains(&holder), "{text}");
+    assert!(slot1.contains(&format!(" {term} ")), "{text}");
+    let slot2 = text.lines().find(|l| l.starts_with("2 ")).unwrap();
+    assert!(slot2.contains("(free)"), "{text}");
+
+    host.signal(Signal::TERM);
+    assert!(host.wait_exit().success());
+    let (_, text) = run(dir.path(), &["status"]);
+    let slot1 = text.lines().find(|l| l.starts_with("1 ")).unwrap();
+    assert!(slot1.contains("(free)"), "released on shutdown: {text}");
+}
+
+#[test]
+fn check_names_every_bad_file_and_exits_non_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let services = dir.path().join("services");
+    std::fs::create_dir(&services).unwrap();
+    std::fs::copy(guests::guest("rust-ticker"), services.join("ticker.wasm")).unwrap();
+    std::fs::copy(guests::guest("rust-command"), services.join("cmd.wasm")).unwrap();
+    let (ok, text) = run(dir.path(), &["check"]);
+    assert!(ok, "{text}");
+    assert!(text.contains("ticker (vvm:host/service)"), "{text}");
+    assert!(text.contains("cmd (wasi:cli/command)"), "{text}");
+
+    std::fs::copy(
+        guests::guest("test/truncated"),
+        services.join("broken.wasm"),
+    )
+    .unwrap();
+    std::fs::copy(
+        guests::guest("test/other-world"),
+        services.join("alien.wasm"),
+    )
+    .unwrap();
+    let (ok, text) = run(dir.path(), &["check", "services"]);
+    assert!(!ok, "{text}");
+    assert!(text.contains("broken.wasm"), "{text}");
+    assert!(text.contains("alien.wasm"), "{text}");
+    assert!(text.contains("2 ok, 2 bad"), "{text}");
+}
+
+#[test]
+fn a_second_signal_during_shutdown_exits_at_once() {
+    let dir = cluster_dir();
+    std::fs::copy(
+        guests::guest("test/spin"),
+        dir.path().join("services/spinner.wasm"),
+    )
+    .unwrap();
+    // A spinning guest holds the shutdown in its 60 s grace period.
+    let mut host = Host::start(
+        "a",
+        dir.path(),
+        &["serve", "--grace-period", "60s", "--cache-dir", "cache"],
+    );
+    host.wait_for(&["tick 1:"]);
+    host.signal(Signal::TERM);
+    host.wait_for(&["shutting down"]);
+    host.signal(Signal::INT);
+    let status = host.wait_exit_or(std::time::Duration::from_secs(10));
+    assert_eq!(status.and_then(|s| s.code()), Some(130));
+}
+
+#[test]
+fn after_a_problem_the_host_shuts_down_and_campaigns_again() {
+    let dir = cluster_dir();
+    std::fs::copy(
+        guests::guest("test/trap"),
+        dir.path().join("services/trapper.wasm"),
+    )
+    .unwrap();
+    let mut host = serve("a", dir.path(), "20s");
+    let (first, _) = host.wait_for_from(0, &["leading"]);
+    // The trapping guest fails until its restarts escalate to a problem.
+    let (problem, _) = host.wait_for_from(first, &["shutting down, then standing by"]);
+    let (again, line) = host.wait_for_from(problem, &["leading"]);
+    assert!(again > problem);
+    let term = |text: &str| {
+        let v: serde_json::Value = serde_json::from_str(text).unwrap();
+        v["fields"]["term"].as_u64().unwrap()
+    };
+    assert!(term(&line.text) > term(&host.lines()[first].text));
+    host.signal(Signal::TERM);
+    assert!(host.wait_exit().success());
+}
