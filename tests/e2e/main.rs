@@ -1,5 +1,6 @@
 //! End-to-end tests: real `vvm-host` processes sharing one store (SPEC §5, §8).
 
+mod etcd;
 #[path = "../../host/tests/support/guests.rs"]
 #[allow(dead_code)]
 mod guests;
@@ -21,14 +22,23 @@ fn cluster_dir() -> tempfile::TempDir {
     dir
 }
 
-/// `vvm-host serve` in `dir` with its own compile cache and the given lease.
+/// `vvm-host serve` in `dir` with its own compile cache and the given lease, on the default
+/// store (`vvm.redb` in `dir`).
 fn serve(name: &'static str, dir: &Path, lease: &str) -> Host {
+    serve_on(name, dir, lease, "vvm.redb")
+}
+
+/// Like [`serve`], on the given `--store`. Renewals are logged (`renewed`, at debug level), so
+/// a test can tell when the last write of a lease happened.
+fn serve_on(name: &'static str, dir: &Path, lease: &str, store: &str) -> Host {
     let cache = format!("cache-{name}");
     Host::start(
         name,
         dir,
         &[
             "serve",
+            "--store",
+            store,
             "--lease",
             lease,
             "--cache-dir",
@@ -36,6 +46,7 @@ fn serve(name: &'static str, dir: &Path, lease: &str) -> Host {
             "--grace-period",
             "2s",
         ],
+        "info,vvm_host::elections=debug",
     )
 }
 
