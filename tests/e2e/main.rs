@@ -1,5 +1,9 @@
 //! End-to-end tests: real `vvm-host` processes sharing one store (SPEC §5, §8).
 
+// Test code throughout (helpers too, which clippy's allow-unwrap-in-tests does not cover):
+// a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
 mod etcd;
 #[path = "../../host/tests/support/guests.rs"]
 #[allow(dead_code)]
