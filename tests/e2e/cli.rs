@@ -89,6 +89,7 @@ fn a_second_signal_during_shutdown_exits_at_once() {
         "a",
         dir.path(),
         &["serve", "--grace-period", "60s", "--cache-dir", "cache"],
+        "info",
     );
     host.wait_for(&["tick 1:"]);
     host.signal(Signal::TERM);

@@ -75,6 +75,7 @@ fn serve_once(name: &'static str, dir: &Path, example: &str, cached: bool) -> Ru
             "--grace-period",
             "2s",
         ],
+        "info",
     );
     let loaded = host.wait_for(&["services loaded"]);
     let (compiled, hits) = if cached { (0, 1) } else { (1, 0) };

@@ -1,8 +1,11 @@
 //! End-to-end tests: real `vvm-host` processes sharing one store (SPEC §5, §8).
 
+// Test code throughout (helpers too, which clippy's allow-unwrap-in-tests does not cover):
+// a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
 
 mod cli;
+mod etcd;
 #[path = "../../host/tests/support/guests.rs"]
 #[allow(dead_code)]
 mod guests;
@@ -25,14 +28,23 @@ pub(crate) fn cluster_dir() -> tempfile::TempDir {
     dir
 }
 
-/// `vvm-host serve` in `dir` with its own compile cache and the given lease.
+/// `vvm-host serve` in `dir` with its own compile cache and the given lease, on the default
+/// store (`vvm.redb` in `dir`).
 pub(crate) fn serve(name: &'static str, dir: &Path, lease: &str) -> Host {
+    serve_on(name, dir, lease, "vvm.redb")
+}
+
+/// Like [`serve`], on the given `--store`. Renewals are logged (`renewed`, at debug level), so
+/// a test can tell when the last write of a lease happened.
+fn serve_on(name: &'static str, dir: &Path, lease: &str, store: &str) -> Host {
     let cache = format!("cache-{name}");
     Host::start(
         name,
         dir,
         &[
             "serve",
+            "--store",
+            store,
             "--lease",
             lease,
             "--cache-dir",
@@ -40,6 +52,7 @@ pub(crate) fn serve(name: &'static str, dir: &Path, lease: &str) -> Host {
             "--grace-period",
             "2s",
         ],
+        "info,vvm_host::elections=debug",
     )
 }
 

@@ -32,12 +32,12 @@ pub struct Host {
 }
 
 impl Host {
-    /// Starts `vvm-host <args>` in `dir` with JSON logs.
-    pub fn start(name: &'static str, dir: &Path, args: &[&str]) -> Host {
+    /// Starts `vvm-host <args>` in `dir` with JSON logs filtered by `rust_log` (`RUST_LOG`).
+    pub fn start(name: &'static str, dir: &Path, args: &[&str], rust_log: &str) -> Host {
         let mut child = Command::new(BIN)
             .args(args)
             .current_dir(dir)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", rust_log)
             .env("VVM_LOG_FORMAT", "json")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -5,6 +5,7 @@
 
 #![allow(dead_code)]
 
+use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -14,6 +15,9 @@ use std::time::{Duration, Instant};
 /// A running `etcd` on free loopback ports with its data in a temp dir; killed on drop.
 pub struct EtcdServer {
     child: Child,
+    /// How to start it again on the same ports and data ([`EtcdServer::restart`]).
+    binary: PathBuf,
+    args: Vec<OsString>,
     /// Where clients connect (`https` when started with TLS).
     client_port: u16,
     /// Plain `http` listener for the health check.
@@ -71,45 +75,50 @@ impl EtcdServer {
             client.push_str(&format!(",http://127.0.0.1:{health_port}"));
         }
         let peer = format!("http://127.0.0.1:{peer_port}");
-        let log = std::fs::File::create(dir.path().join("etcd.log")).expect("etcd log file");
-        let mut command = Command::new(binary);
+        let initial_cluster = format!("--initial-cluster=test={peer}");
+        let mut args: Vec<OsString> = Vec::new();
         if let Some(tls) = tls {
-            command
-                .arg("--client-cert-auth")
-                .arg("--trusted-ca-file")
-                .arg(tls.ca)
-                .arg("--cert-file")
-                .arg(tls.cert)
-                .arg("--key-file")
-                .arg(tls.key);
+            args.push("--client-cert-auth".into());
+            for (flag, file) in [
+                ("--trusted-ca-file", tls.ca),
+                ("--cert-file", tls.cert),
+                ("--key-file", tls.key),
+            ] {
+                args.push(flag.into());
+                args.push(file.into());
+            }
         }
-        let child = command
-            .args(["--name", "test", "--data-dir"])
-            .arg(dir.path().join("data"))
-            .args([
+        args.extend(["--name", "test", "--data-dir"].map(OsString::from));
+        args.push(dir.path().join("data").into_os_string());
+        args.extend(
+            [
                 "--listen-client-urls",
-                &client,
+                client.as_str(),
                 "--advertise-client-urls",
-                &client,
-            ])
-            .args([
+                client.as_str(),
                 "--listen-peer-urls",
-                &peer,
+                peer.as_str(),
                 "--initial-advertise-peer-urls",
-                &peer,
-            ])
-            .arg(format!("--initial-cluster=test={peer}"))
-            // Fast elections make the cluster's minimum lease TTL 1 s (it is
-            // 1.5 x election timeout, rounded up to whole seconds).
-            .args(["--heartbeat-interval", "10", "--election-timeout", "100"])
-            .args(["--logger", "zap", "--log-level", "warn"])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("etcd log file"))
-            .stderr(log)
-            .spawn()
-            .expect("spawn etcd");
+                peer.as_str(),
+                initial_cluster.as_str(),
+                // Fast elections make the cluster's minimum lease TTL 1 s (it is
+                // 1.5 x election timeout, rounded up to whole seconds).
+                "--heartbeat-interval",
+                "10",
+                "--election-timeout",
+                "100",
+                "--logger",
+                "zap",
+                "--log-level",
+                "warn",
+            ]
+            .map(OsString::from),
+        );
+        let child = spawn(binary, &args, dir.path());
         let mut server = Self {
             child,
+            binary: binary.to_owned(),
+            args,
             client_port,
             health_port: if tls.is_some() {
                 health_port
@@ -125,6 +134,25 @@ impl EtcdServer {
     /// The client endpoint as `127.0.0.1:port`.
     pub fn endpoint(&self) -> String {
         format!("127.0.0.1:{}", self.client_port)
+    }
+
+    /// The etcd process id (to pause it with SIGSTOP, say).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Kills etcd (SIGKILL) and waits for it to exit; its data stays for [`Self::restart`].
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts etcd again on the same ports and data directory (after [`Self::kill`]) and
+    /// waits until it reports healthy.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.child = spawn(&self.binary, &self.args, self.dir.path());
+        self.wait_healthy(Duration::from_secs(20));
     }
 
     /// The etcd log, for failure messages.
@@ -169,6 +197,22 @@ impl Drop for EtcdServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Starts `binary args`, appending its output to `etcd.log` in `dir`.
+fn spawn(binary: &Path, args: &[OsString], dir: &Path) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("etcd.log"))
+        .expect("etcd log file");
+    Command::new(binary)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("etcd log file"))
+        .stderr(log)
+        .spawn()
+        .expect("spawn etcd")
 }
 
 /// `N` distinct loopback ports nobody listened on a moment ago (the OS picks them for port 0;

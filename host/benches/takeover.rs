@@ -1,0 +1,344 @@
+//! Takeover gaps with real `vvm-host serve` processes (SPEC §5), and the lease operations'
+//! latency on etcd next to redb, in one run.
+//!
+//! Run: `cargo bench -p vvm-host --bench takeover` (etcd rows need `etcd` on PATH; without it
+//! they are skipped with a message). Every host runs the rust-ticker guest with a warm compile
+//! cache; gaps are measured from log timestamps (one wall clock, one machine):
+//! - graceful: from sending SIGTERM to the leader to the standby's first guest output line;
+//! - SIGKILL: from the kill to the standby's first guest output, next to the lease time the
+//!   killed leader's record had left (its last write + L − the kill).
+//!
+//! Prints median, p90 and min of each, then the graceful takeover split into its steps.
+
+#[path = "../tests/support/guests.rs"]
+#[allow(dead_code)]
+mod guests;
+// The end-to-end tests' process harness: test code, which may unwrap.
+#[path = "../../tests/e2e/support.rs"]
+#[allow(dead_code, clippy::unwrap_used)]
+mod support;
+#[path = "../src/store/etcd/test_server.rs"]
+mod test_server;
+
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime};
+
+use rustix::process::Signal;
+use support::{Host, Line};
+use vvm_host::store::{EtcdOptions, EtcdStore, RedbStore, TtlStore};
+
+/// Measured runs of each takeover kind, after one warm-up.
+const RUNS: usize = 15;
+/// Store operations timed per backend, after a tenth as many to warm up.
+const OPS: usize = 300;
+/// How long a new standby may settle into waiting before the leader is stopped.
+const SETTLE: Duration = Duration::from_millis(150);
+/// Lease of the SIGKILL runs on redb (redb leases need not be whole seconds).
+const KILL_LEASE: Duration = Duration::from_millis(1000);
+
+/// The steps of a graceful takeover, each found by (host, message, target) in the logs.
+const STEPS: [(Role, &str, &str); 7] = [
+    (Role::Leader, "shutting down", "cli::serve"),
+    (Role::Leader, "services stopped", "vvm_host::vvm"),
+    (Role::Leader, "released", "elections"),
+    (Role::Leader, "shut down", "vvm_host::vvm"),
+    (Role::Standby, "acquired", "elections"),
+    (Role::Standby, "service running", "supervisor"),
+    (Role::Standby, "ticker started", "runtime::host"),
+];
+
+#[derive(Clone, Copy, PartialEq)]
+enum Role {
+    Leader,
+    Standby,
+}
+
+fn main() {
+    let etcd = test_server::EtcdServer::start();
+    let etcd_url = etcd.as_ref().map(|e| format!("etcd://{}", e.endpoint()));
+    let redb_dir = cluster_dir();
+    let graceful_redb = graceful(redb_dir.path(), "vvm.redb", "2s");
+    let etcd_dir = cluster_dir();
+    let graceful_etcd = etcd_url
+        .as_deref()
+        .map(|url| graceful(etcd_dir.path(), url, "2s"));
+    let killed = sigkill_redb(cluster_dir().path());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let ops = runtime.block_on(store_latency(etcd.as_ref()));
+
+    println!(
+        "\nvvm-host takeover ({RUNS} runs each, release build, rust-ticker guest, temp dir {})",
+        std::env::temp_dir().display()
+    );
+    header("measurement");
+    row("graceful takeover, redb (L 2 s)", gaps(&graceful_redb));
+    match &graceful_etcd {
+        Some(runs) => row("graceful takeover, etcd (L 2 s)", gaps(runs)),
+        None => println!("graceful takeover, etcd: skipped (no etcd)"),
+    }
+    let lease_ms = KILL_LEASE.as_millis();
+    row(
+        &format!("SIGKILL takeover, redb (L {lease_ms} ms)"),
+        killed.iter().map(|k| k.gap).collect(),
+    );
+    row(
+        "  lease left at the kill",
+        killed.iter().map(|k| k.left).collect(),
+    );
+    row(
+        "  takeover − lease left",
+        killed
+            .iter()
+            .map(|k| k.gap.saturating_sub(k.left))
+            .collect(),
+    );
+    for (name, samples) in ops {
+        row(&name, samples);
+    }
+
+    println!("\ngraceful takeover by step: median ms after SIGTERM to the leader");
+    println!("{:<40} {:>10} {:>10}", "step", "redb", "etcd");
+    for (i, (role, message, _)) in STEPS.iter().enumerate() {
+        let who = if *role == Role::Leader {
+            "leader"
+        } else {
+            "standby"
+        };
+        let median = |runs: &[Takeover]| {
+            let mut v: Vec<Duration> = runs.iter().map(|r| r.steps[i]).collect();
+            v.sort();
+            format!("{:.2}", ms(v[v.len() / 2]))
+        };
+        println!(
+            "{:<40} {:>10} {:>10}",
+            format!("{who}: {message}"),
+            median(&graceful_redb),
+            graceful_etcd.as_deref().map_or("-".into(), median)
+        );
+    }
+}
+
+/// A directory with `services/rust-ticker.wasm`.
+fn cluster_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let services = dir.path().join("services");
+    std::fs::create_dir(&services).expect("services dir");
+    std::fs::copy(
+        guests::guest("rust-ticker"),
+        services.join("rust-ticker.wasm"),
+    )
+    .expect("copy the ticker");
+    dir
+}
+
+/// `vvm-host serve` with its own (reused, so warm) compile cache.
+fn serve(name: &'static str, dir: &Path, store: &str, lease: &str) -> Host {
+    let cache = format!("cache-{name}");
+    let args = [
+        "serve",
+        "--store",
+        store,
+        "--lease",
+        lease,
+        "--cache-dir",
+        &cache,
+    ];
+    Host::start(name, dir, &args, "info,vvm_host::elections=debug")
+}
+
+/// One graceful takeover: the gap and the time of each of [`STEPS`] after the SIGTERM.
+struct Takeover {
+    gap: Duration,
+    steps: Vec<Duration>,
+}
+
+/// Hands the lead back and forth between two hosts `RUNS + 1` times by SIGTERM.
+fn graceful(dir: &Path, store: &str, lease: &str) -> Vec<Takeover> {
+    let mut leader = serve("a", dir, store, lease);
+    leader.wait_for(&["ticker started"]);
+    let mut runs = Vec::new();
+    for i in 0..=RUNS {
+        let name = if i % 2 == 0 { "b" } else { "a" };
+        let standby = serve(name, dir, store, lease);
+        standby.wait_for(&["campaigning"]);
+        std::thread::sleep(SETTLE);
+        let (from_leader, from_standby) = (leader.mark(), standby.mark());
+        let sent = SystemTime::now();
+        leader.signal(Signal::TERM);
+        let (_, first) = standby.wait_for_from(from_standby, &["ticker started"]);
+        assert!(leader.wait_exit().success(), "the leader failed to exit");
+        let steps = STEPS
+            .iter()
+            .map(|(role, message, target)| {
+                let (host, from) = match role {
+                    Role::Leader => (&leader, from_leader),
+                    Role::Standby => (&standby, from_standby),
+                };
+                let line = find(host, from, message, target);
+                since(at(&line), sent)
+            })
+            .collect();
+        if i > 0 {
+            runs.push(Takeover {
+                gap: since(at(&first), sent),
+                steps,
+            });
+        }
+        leader = standby;
+    }
+    leader.signal(Signal::TERM);
+    leader.wait_exit();
+    runs
+}
+
+/// One SIGKILL takeover: the gap, and how long the killed leader's record had left.
+struct Killed {
+    gap: Duration,
+    left: Duration,
+}
+
+/// SIGKILLs the leader `RUNS` times at varying points of its renewal period.
+fn sigkill_redb(dir: &Path) -> Vec<Killed> {
+    let lease = format!("{}ms", KILL_LEASE.as_millis());
+    let mut leader = serve("a", dir, "vvm.redb", &lease);
+    leader.wait_for(&["ticker started"]);
+    let mut runs = Vec::new();
+    for i in 0..RUNS {
+        let name = if i % 2 == 0 { "b" } else { "a" };
+        let standby = serve(name, dir, "vvm.redb", &lease);
+        standby.wait_for(&["campaigning"]);
+        // Spread the kills over the renewal period (L/4).
+        let phase = KILL_LEASE / 4 * u32::try_from(i % 5).unwrap_or(0) / 5;
+        std::thread::sleep(SETTLE + phase);
+        let from_standby = standby.mark();
+        let sent = SystemTime::now();
+        leader.signal(Signal::KILL);
+        let (_, first) = standby.wait_for_from(from_standby, &["ticker started"]);
+        leader.wait_exit();
+        // The record expires L after its last write began; `renewed`/`acquired` is logged
+        // just after the write, so this slightly overstates the time left.
+        let last_write = leader
+            .lines()
+            .into_iter()
+            .rfind(|l| l.text.contains("\"renewed\"") || l.text.contains("\"acquired\""))
+            .expect("the leader wrote its lease");
+        runs.push(Killed {
+            gap: since(at(&first), sent),
+            left: since(at(&last_write) + KILL_LEASE, sent),
+        });
+        leader = standby;
+    }
+    leader.signal(Signal::TERM);
+    leader.wait_exit();
+    runs
+}
+
+/// Acquire (`insert_if_absent`) and renew (`compare_and_swap`) on redb and, when available,
+/// etcd, interleaved round by round so both see the same machine load.
+async fn store_latency(etcd: Option<&test_server::EtcdServer>) -> Vec<(String, Vec<Duration>)> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let redb = RedbStore::open(dir.path().join("bench.redb"))
+        .await
+        .expect("open redb");
+    let mut stores: Vec<(&str, Box<dyn TtlStore>)> = vec![("redb", Box::new(redb))];
+    if let Some(server) = etcd {
+        let options = EtcdOptions {
+            endpoints: vec![server.endpoint()],
+            ..EtcdOptions::default()
+        };
+        let store = EtcdStore::connect(options).await.expect("connect to etcd");
+        stores.push(("etcd", Box::new(store)));
+    }
+    let ttl = Duration::from_secs(10);
+    let mut acquire = vec![Vec::new(); stores.len()];
+    let mut renew = vec![Vec::new(); stores.len()];
+    for round in 0..OPS + OPS / 10 {
+        let value = format!("holder-{round}");
+        for (i, (_, store)) in stores.iter().enumerate() {
+            let start = Instant::now();
+            let term = store.insert_if_absent("slot/1", &value, ttl).await;
+            let acquired = start.elapsed();
+            assert!(matches!(term, Ok(Some(_))), "acquire failed: {term:?}");
+            let start = Instant::now();
+            let swapped = store.compare_and_swap("slot/1", &value, &value, ttl).await;
+            let renewed = start.elapsed();
+            assert!(matches!(swapped, Ok(true)), "renew failed: {swapped:?}");
+            let deleted = store.compare_and_delete("slot/1", &value).await;
+            assert!(matches!(deleted, Ok(true)), "release failed: {deleted:?}");
+            if round >= OPS / 10 {
+                acquire[i].push(acquired);
+                renew[i].push(renewed);
+            }
+        }
+    }
+    let mut rows = Vec::new();
+    for (i, (name, _)) in stores.iter().enumerate() {
+        rows.push((
+            format!("acquire (insert_if_absent), {name}"),
+            std::mem::take(&mut acquire[i]),
+        ));
+        rows.push((
+            format!("renew (compare_and_swap), {name}"),
+            std::mem::take(&mut renew[i]),
+        ));
+    }
+    rows
+}
+
+/// The first line at or after `from` whose message starts with `message` and whose target
+/// contains `target`.
+fn find(host: &Host, from: usize, message: &str, target: &str) -> Line {
+    host.lines()
+        .into_iter()
+        .skip(from)
+        .find(|l| {
+            let v: serde_json::Value = serde_json::from_str(&l.text).unwrap_or_default();
+            v["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with(message))
+                && v["target"].as_str().is_some_and(|t| t.contains(target))
+        })
+        .unwrap_or_else(|| panic!("{}: no {message:?} line from {target}", host.name))
+}
+
+/// The log timestamp of a line.
+fn at(line: &Line) -> SystemTime {
+    let v: serde_json::Value = serde_json::from_str(&line.text).expect("a JSON log line");
+    let stamp = v["timestamp"].as_str().expect("a timestamp");
+    humantime::parse_rfc3339(stamp).expect("an RFC 3339 timestamp")
+}
+
+fn since(later: SystemTime, earlier: SystemTime) -> Duration {
+    later.duration_since(earlier).unwrap_or_default()
+}
+
+fn gaps(runs: &[Takeover]) -> Vec<Duration> {
+    runs.iter().map(|r| r.gap).collect()
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn header(first: &str) {
+    println!(
+        "{first:<40} {:>6} {:>10} {:>10} {:>10}",
+        "runs", "median", "p90", "min"
+    );
+}
+
+/// Prints median, p90 and min of `samples`, in milliseconds.
+fn row(name: &str, mut samples: Vec<Duration>) {
+    samples.sort();
+    let n = samples.len();
+    let p90 = samples[(n * 9).div_ceil(10).saturating_sub(1)];
+    println!(
+        "{name:<40} {n:>6} {:>8.3}ms {:>8.3}ms {:>8.3}ms",
+        ms(samples[n / 2]),
+        ms(p90),
+        ms(samples[0])
+    );
+}
