@@ -14,6 +14,9 @@ setup() {
   command -v protoc >/dev/null || need+=(protobuf-compiler)   # etcd-client's build script
   command -v etcd >/dev/null || need+=(etcd-server)           # the etcd backend's tests
   command -v etcdctl >/dev/null || need+=(etcd-client)
+  command -v python3 >/dev/null && python3 -m venv --help >/dev/null 2>&1 ||
+    need+=(python3 python3-venv)                              # componentize-py (Python guests)
+  command -v npm >/dev/null || need+=(nodejs npm)             # componentize-js (JS guests)
   if [ ${#need[@]} -gt 0 ]; then
     as_root apt-get update -qq
     DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${need[@]}" >/dev/null
@@ -27,7 +30,8 @@ case "${1:-}" in
     shift
     setup
     mkdir -p services
-    for f in guest-examples/out/rust-ticker.wasm guest-examples/out/rust-counter.wasm; do
+    # Every example, in every language (not the test guests under out/test).
+    for f in guest-examples/out/*.wasm; do
       [ -e "services/$(basename "$f")" ] || cp "$f" services/
     done
     exec cargo run --release -p vvm-host -- serve "$@"
