@@ -382,12 +382,9 @@ impl Launcher {
                     timeout: config.acquisition_timeout,
                 });
             }
-            if !seen_live {
-                // Released between our insert and our read: try again at once, but never spin.
-                wait = wait.max(Duration::from_millis(1));
-            }
-            if released_already {
-                // The store answered at once (it cannot wait): do not spin on it.
+            if !seen_live || released_already {
+                // Released between our insert and our read, or a store that cannot wait and
+                // answered at once: try again soon, but never spin.
                 wait = wait.max(Duration::from_millis(1));
             }
             // A release during the round has already completed `released`: look again at once.

@@ -122,11 +122,6 @@ impl RedbStore {
         })
     }
 
-    /// The store file.
-    pub fn path(&self) -> &Path {
-        &self.inner.path
-    }
-
     /// Drops this handle on the blocking pool and waits for that. When it is the last clone,
     /// this closes the database (which may write and sync the file) without blocking the
     /// async runtime, and the file is closed cleanly when this returns.
