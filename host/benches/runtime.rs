@@ -11,10 +11,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
+use vvm_host::clock::{Clock, ManualClock, SystemClock};
 use vvm_host::elections::LeaseDeadline;
 use vvm_host::runtime::{RuntimeConfig, WasmServices};
 use vvm_host::services::{LeaseInfo, ServiceContext, Services};
-use vvm_host::store::{ManualClock, MemStore, TtlStore};
+use vvm_host::store::{MemStore, TtlStore};
 use vvm_host::vvm::ProblemReporter;
 
 const SERVICES: usize = 100;
@@ -42,7 +43,11 @@ async fn context() -> ServiceContext {
             term,
             lease: ttl,
         },
-        deadline: LeaseDeadline::fixed(tokio::time::Instant::now() + Duration::from_secs(3600)),
+        deadline: {
+            let clock = Arc::new(SystemClock::local());
+            let at = clock.now().after(Duration::from_secs(3600));
+            LeaseDeadline::fixed(clock, at)
+        },
         stopping: CancellationToken::new(),
         problems: ProblemReporter::default(),
         store: Arc::new(store),

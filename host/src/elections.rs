@@ -1,14 +1,20 @@
 //! Elections (SPEC §4): acquire, renew and release leases; the local lease deadline.
+//!
+//! Every deadline here is read on the elections' [`Clock`] (`CLOCK_BOOTTIME` in production), so
+//! a machine that was suspended resumes with its deadlines passed, as the store's are. Timers
+//! that only pace the work (the renewal tick, retries) sleep on tokio's clock.
 
 use std::collections::HashMap;
+use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio::time::{Instant, sleep, sleep_until};
+use tokio::time::sleep;
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::{Clock, Timestamp};
 use crate::killer::Killer;
 use crate::store::{Store, StoreError, Term};
 
@@ -23,35 +29,53 @@ const CAS_ATTEMPTS: u32 = 3;
 const RELEASE_DIVISOR: u32 = 4;
 
 /// The local lease deadline for a write that started at `start`: `start + 0.8·L`.
-pub fn valid_until(start: Instant, lease: Duration) -> Instant {
-    start + lease.mul_f64(0.8)
+pub fn valid_until(start: Timestamp, lease: Duration) -> Timestamp {
+    start.after(lease.mul_f64(0.8))
 }
 
 /// The local lease deadline (*valid-until*): the start of the last successful write plus
-/// 0.8·L. Past it no guest output or host call may take effect (SPEC §4, §6). Cheap to clone.
-#[derive(Clone, Debug)]
-pub struct LeaseDeadline(watch::Receiver<Instant>);
+/// 0.8·L, or the moment the lease was known lost. Past it no guest output or host call may
+/// take effect (SPEC §4, §6). Read on a [`Clock`] that counts suspend. Cheap to clone.
+#[derive(Clone)]
+pub struct LeaseDeadline {
+    until: watch::Receiver<Timestamp>,
+    clock: Arc<dyn Clock>,
+}
+
+impl fmt::Debug for LeaseDeadline {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseDeadline")
+            .field("until", &self.get())
+            .field("left", &self.time_left())
+            .finish()
+    }
+}
 
 impl LeaseDeadline {
-    /// A deadline that never moves, for tests and tools.
-    pub fn fixed(at: Instant) -> Self {
-        Self(watch::channel(at).1)
+    /// A deadline on `clock` that never moves, for tests and tools.
+    pub fn fixed(clock: Arc<dyn Clock>, at: Timestamp) -> Self {
+        Self::manual(clock, at).1
     }
 
-    /// A deadline moved by the returned sender.
-    pub fn manual(at: Instant) -> (watch::Sender<Instant>, Self) {
-        let (tx, rx) = watch::channel(at);
-        (tx, Self(rx))
+    /// A deadline on `clock` moved by the returned sender.
+    pub fn manual(clock: Arc<dyn Clock>, at: Timestamp) -> (watch::Sender<Timestamp>, Self) {
+        let (tx, until) = watch::channel(at);
+        (tx, Self { until, clock })
     }
 
-    /// The instant the lease stops being valid locally.
-    pub fn get(&self) -> Instant {
-        *self.0.borrow()
+    /// The moment the lease stops being valid locally.
+    pub fn get(&self) -> Timestamp {
+        *self.until.borrow()
+    }
+
+    /// Time left until the deadline, or `None` once it has been reached (inclusive).
+    pub fn time_left(&self) -> Option<Duration> {
+        self.get().left_from(self.clock.now())
     }
 
     /// True once the deadline has been reached (inclusive).
     pub fn has_passed(&self) -> bool {
-        Instant::now() >= self.get()
+        self.time_left().is_none()
     }
 }
 
@@ -71,6 +95,7 @@ pub enum ElectionError {
 pub struct Elections {
     store: Arc<dyn Store>,
     killer: Arc<Killer>,
+    clock: Arc<dyn Clock>,
     state: Mutex<State>,
 }
 
@@ -84,13 +109,10 @@ struct State {
 }
 
 impl State {
-    /// The earliest local deadline of every lease still held (lost ones included, until they
-    /// are released: their services may still run), or `also` if earlier.
-    fn earliest_deadline(&self, also: Instant) -> Instant {
-        self.held
-            .values()
-            .map(|h| h.deadline.get())
-            .fold(also, Instant::min)
+    /// The killer's deadline: the earliest `last successful write + 0.8·L` of every lease still
+    /// held (lost ones included, until they are released: their services may still run).
+    fn killer_deadline(&self) -> Option<Timestamp> {
+        self.held.values().map(|h| h.written_until).min()
     }
 }
 
@@ -98,7 +120,9 @@ impl State {
 struct Held {
     value: String,
     lease: Duration,
-    deadline: LeaseDeadline,
+    /// Start of the last successful write + 0.8·L. Unlike the guests' deadline it is not
+    /// pulled in on loss: the killer waits for it while the shutdown sequence runs.
+    written_until: Timestamp,
     stop: CancellationToken,
     lost: CancellationToken,
     renewal: JoinHandle<()>,
@@ -141,11 +165,13 @@ impl Leadership {
 }
 
 impl Elections {
-    /// Elections over `store`, arming `killer` while leases are held.
-    pub fn new(store: Arc<dyn Store>, killer: Arc<Killer>) -> Arc<Self> {
+    /// Elections over `store`, arming `killer` while leases are held, with deadlines on
+    /// `clock`.
+    pub fn new(store: Arc<dyn Store>, killer: Arc<Killer>, clock: Arc<dyn Clock>) -> Arc<Self> {
         Arc::new(Self {
             store,
             killer,
+            clock,
             state: Mutex::default(),
         })
     }
@@ -171,7 +197,7 @@ impl Elections {
         if self.lock().cleaned_up {
             return Err(ElectionError::CleanedUp);
         }
-        let start = Instant::now();
+        let start = self.clock.now();
         let inserted = {
             // If the caller drops this future mid-write, cleanup still deletes our record.
             let guard = InFlight {
@@ -188,14 +214,14 @@ impl Elections {
             return Ok(None);
         };
         let until = valid_until(start, lease);
-        if Instant::now() >= until {
+        if until.left_from(self.clock.now()).is_none() {
             // The write took so long that the lease is already past its local deadline: arming
             // the killer now would end a process that runs no service. Give it straight back.
             tracing::warn!(key, term, "acquired too late to use; releasing");
             self.delete_bounded(key, value, lease).await;
             return Ok(None);
         }
-        let (deadline_tx, deadline) = LeaseDeadline::manual(until);
+        let (deadline_tx, deadline) = LeaseDeadline::manual(Arc::clone(&self.clock), until);
         let lost = CancellationToken::new();
         let registered = {
             let mut state = self.lock();
@@ -204,7 +230,8 @@ impl Elections {
             } else {
                 // Armed under the lock, so cleanup cannot slip between arming and recording.
                 // With several leases the killer keeps the earliest deadline of them all.
-                self.killer.arm(state.earliest_deadline(until));
+                let earliest = state.killer_deadline().map_or(until, |d| d.min(until));
+                self.killer.arm(earliest);
                 let stop = CancellationToken::new();
                 let renewal = tokio::spawn(Arc::clone(self).renew(Renewal {
                     key: key.to_owned(),
@@ -218,7 +245,7 @@ impl Elections {
                 let held = Held {
                     value: value.to_owned(),
                     lease,
-                    deadline: deadline.clone(),
+                    written_until: until,
                     stop,
                     lost: lost.clone(),
                     renewal,
@@ -290,13 +317,14 @@ impl Elections {
         let interval = r.lease / RENEW_DIVISOR;
         let retry = r.lease / RETRY_DIVISOR;
         loop {
+            let next = r.last_start.after(interval);
             tokio::select! {
                 () = r.stop.cancelled() => return,
-                () = sleep_until(r.last_start + interval) => {}
+                () = sleep(next.left_from(self.clock.now()).unwrap_or_default()) => {}
             }
             let mut attempt = 1;
             loop {
-                let cas_start = Instant::now();
+                let cas_start = self.clock.now();
                 let outcome = tokio::select! {
                     () = r.stop.cancelled() => return,
                     outcome = self.store.compare_and_swap(&r.key, &r.value, &r.value, r.lease) => outcome,
@@ -308,8 +336,13 @@ impl Elections {
                         // the earliest deadline of every lease held.
                         r.deadline.send_replace(until);
                         {
-                            let state = self.lock();
-                            self.killer.arm(state.earliest_deadline(until));
+                            let mut state = self.lock();
+                            if let Some(held) = state.held.get_mut(&r.key) {
+                                held.written_until = until;
+                            }
+                            if let Some(earliest) = state.killer_deadline() {
+                                self.killer.arm(earliest);
+                            }
                         }
                         r.last_start = cas_start;
                         tracing::debug!(key = r.key, "renewed");
@@ -317,7 +350,7 @@ impl Elections {
                     }
                     Ok(false) => {
                         tracing::warn!(key = r.key, "lost: the record changed or expired");
-                        return Self::give_up(&r);
+                        return self.give_up(&r);
                     }
                     Err(e) if attempt < CAS_ATTEMPTS => {
                         tracing::warn!(key = r.key, attempt, error = %e, "renewal failed, retrying");
@@ -329,21 +362,25 @@ impl Elections {
                     }
                     Err(e) => {
                         tracing::warn!(key = r.key, attempt, error = %e, "lost: renewal failed");
-                        return Self::give_up(&r);
+                        return self.give_up(&r);
                     }
                 }
             }
         }
     }
 
-    /// Ends a lease from inside its renewal loop: fire *lost* at once and stop renewing.
+    /// Ends a lease from inside its renewal loop: the guests' deadline becomes *now*, so no
+    /// guest effect happens from the moment the loss is known; then fire *lost* and stop
+    /// renewing. The killer keeps its deadline (last successful write + 0.8·L): the shutdown
+    /// sequence runs meanwhile.
     ///
     /// The record is deliberately left in place: the services of this lease may still be
     /// running (a guest can ignore the stop request), and deleting it now would let another
     /// host take the slot while they do. The owner deletes it with [`Elections::release`] or
     /// [`Elections::cleanup`] once its services are stopped; failing that it expires at
     /// `last write + L`, after the killer's `+ 0.8·L`.
-    fn give_up(r: &Renewal) {
+    fn give_up(&self, r: &Renewal) {
+        r.deadline.send_replace(self.clock.now());
         r.lost.cancel();
     }
 }
@@ -374,8 +411,8 @@ struct Renewal {
     value: String,
     lease: Duration,
     /// Start of the last successful write.
-    last_start: Instant,
-    deadline: watch::Sender<Instant>,
+    last_start: Timestamp,
+    deadline: watch::Sender<Timestamp>,
     stop: CancellationToken,
     lost: CancellationToken,
 }

@@ -3,18 +3,34 @@
 //! Armed at acquisition and moved later only by a successful write, it fires at the local
 //! lease deadline unless the shutdown sequence disarms it first. It runs on its own OS thread,
 //! so it fires even when the async runtime is stalled.
+//!
+//! Two things make it trustworthy at the moment it matters:
+//! - **Its clock is `CLOCK_BOOTTIME`** ([`Clock`]). A condvar wait counts monotonic time, which
+//!   stops while the machine is suspended, so the thread never waits longer than [`RECHECK`]
+//!   before reading the clock again: after a resume it fires within that bound.
+//! - **Firing cannot block.** Logging through `tracing` can wait on the stderr lock or on a full
+//!   log pipe (a stalled journald or log shipper), and `std::process::exit` flushes stdout
+//!   under its lock and runs exit handlers. The default action instead writes one line through
+//!   a descriptor prepared at start-up that never blocks, then ends the process with `_exit`.
 
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
-use tokio::time::Instant;
+use crate::clock::{Clock, Timestamp};
 
 /// The exit code of a process ended by the killer: `EX_TEMPFAIL` from `sysexits.h`, distinct
 /// from a normal exit (0) and from an error exit (1). A supervisor may restart the host.
 pub const KILLER_EXIT_CODE: i32 = 75;
 
-/// What the killer does when it fires. The default exits the process; tests inject their own.
-pub type KillAction = Arc<dyn Fn() + Send + Sync>;
+/// The longest the watchdog waits before reading its clock again. Condvar waits run on the
+/// monotonic clock; this bounds how late the killer fires after the machine resumes.
+pub const RECHECK: Duration = Duration::from_millis(10);
+
+/// What the killer does when it fires, given how late it is. The default ends the process;
+/// tests inject their own.
+pub type KillAction = Arc<dyn Fn(Duration) + Send + Sync>;
 
 /// The watchdog of one elections instance. Cheap to share behind an `Arc`.
 pub struct Killer {
@@ -25,13 +41,14 @@ pub struct Killer {
 struct Shared {
     state: Mutex<State>,
     wake: Condvar,
+    clock: Arc<dyn Clock>,
     action: KillAction,
 }
 
 #[derive(Default)]
 struct State {
     /// When to fire; `None` while disarmed.
-    deadline: Option<Instant>,
+    deadline: Option<Timestamp>,
     /// Set by `disarm` so the thread ends.
     stop: bool,
     fired: bool,
@@ -44,24 +61,31 @@ impl Shared {
     }
 }
 
-impl Default for Killer {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl Killer {
-    /// A disarmed killer whose action ends the process with [`KILLER_EXIT_CODE`].
-    pub fn new() -> Self {
-        Self::with_action(Arc::new(|| std::process::exit(KILLER_EXIT_CODE)))
+    /// A disarmed killer on `clock` whose action ends the process with [`KILLER_EXIT_CODE`].
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
+        let last_words = LastWords::prepare();
+        Self::with_action(
+            clock,
+            Arc::new(move |late| {
+                last_words.say(&format!(
+                    "vvm-host: killer fired {} ms after the local lease deadline: lease renewal \
+                     stalled; exiting with {KILLER_EXIT_CODE}\n",
+                    late.as_millis()
+                ));
+                exit_now(KILLER_EXIT_CODE)
+            }),
+        )
     }
 
-    /// A disarmed killer that runs `action` when it fires (tests record instead of exiting).
-    pub fn with_action(action: KillAction) -> Self {
+    /// A disarmed killer on `clock` that runs `action` when it fires (tests record instead of
+    /// exiting).
+    pub fn with_action(clock: Arc<dyn Clock>, action: KillAction) -> Self {
         Self {
             shared: Arc::new(Shared {
                 state: Mutex::default(),
                 wake: Condvar::new(),
+                clock,
                 action,
             }),
             thread: Mutex::new(None),
@@ -72,7 +96,7 @@ impl Killer {
     ///
     /// Callers uphold SPEC §4: only a successful write may move the deadline later. Starts
     /// the watchdog thread if it is not running. Never blocks on the async runtime.
-    pub fn arm(&self, deadline: Instant) {
+    pub fn arm(&self, deadline: Timestamp) {
         let was_armed = {
             let mut state = self.shared.lock();
             let was_armed = state.deadline.replace(deadline).is_some();
@@ -81,26 +105,28 @@ impl Killer {
         };
         self.shared.wake.notify_all();
         if !was_armed {
-            tracing::info!(in_ms = ms_until(deadline), "killer armed");
+            let in_ms = deadline
+                .left_from(self.shared.clock.now())
+                .unwrap_or_default()
+                .as_millis();
+            tracing::info!(in_ms, "killer armed");
         }
         let mut thread = self.thread.lock().unwrap_or_else(PoisonError::into_inner);
         if thread.as_ref().is_none_or(JoinHandle::is_finished) {
             let shared = Arc::clone(&self.shared);
-            *thread = Some(
-                std::thread::Builder::new()
-                    .name("vvm-killer".into())
-                    .spawn(move || watch(&shared))
-                    // Without the thread there is no guarantee left to give: stop here.
-                    .unwrap_or_else(|e| {
-                        tracing::error!(error = %e, "cannot start the killer thread");
-                        std::process::exit(KILLER_EXIT_CODE)
-                    }),
-            );
+            match std::thread::Builder::new()
+                .name("vvm-killer".into())
+                .spawn(move || watch(&shared))
+            {
+                Ok(handle) => *thread = Some(handle),
+                // Without the thread there is no guarantee left to give: stop here.
+                Err(_) => (self.shared.action)(Duration::ZERO),
+            }
         }
     }
 
     /// The armed deadline, or `None` while disarmed.
-    pub fn deadline(&self) -> Option<Instant> {
+    pub fn deadline(&self) -> Option<Timestamp> {
         self.shared.lock().deadline
     }
 
@@ -143,7 +169,8 @@ impl Drop for Killer {
     }
 }
 
-/// The watchdog thread: sleeps until the deadline, fires unless disarmed or moved.
+/// The watchdog thread: waits until the deadline on the killer's clock, fires unless disarmed
+/// or moved. Nothing after the deadline is seen may block: no logging, no lock but its own.
 fn watch(shared: &Shared) {
     let mut state = shared.lock();
     loop {
@@ -157,51 +184,101 @@ fn watch(shared: &Shared) {
                 .unwrap_or_else(PoisonError::into_inner);
             continue;
         };
-        // Compare on the real clock: the async runtime may be stalled or its time paused.
-        let now = std::time::Instant::now();
-        let at = deadline.into_std();
-        if now >= at {
+        let now = shared.clock.now();
+        let Some(left) = deadline.left_from(now) else {
             state.fired = true;
             drop(state);
-            tracing::error!(
-                late_ms = now.duration_since(at).as_millis(),
-                exit_code = KILLER_EXIT_CODE,
-                "killer fired: lease renewal stalled past the local deadline"
-            );
-            (shared.action)();
+            let late = now.since_boot.saturating_sub(deadline.since_boot);
+            (shared.action)(late);
             return;
-        }
+        };
         state = shared
             .wake
-            .wait_timeout(state, at - now)
+            .wait_timeout(state, left.min(RECHECK))
             .unwrap_or_else(PoisonError::into_inner)
             .0;
     }
 }
 
-fn ms_until(deadline: Instant) -> u128 {
-    deadline
-        .saturating_duration_since(Instant::now())
-        .as_millis()
+/// Ends the process at once: no exit handlers, no flushing, no lock (`_exit(2)`).
+#[allow(unsafe_code)]
+fn exit_now(code: i32) -> ! {
+    // SAFETY: `_exit` has no preconditions: it takes an integer, touches no memory of ours,
+    // and ends every thread of the process; nothing runs after it to observe any state.
+    unsafe { libc::_exit(code) }
+}
+
+/// A best-effort message to stderr that can never block, prepared while nothing is wrong.
+///
+/// Writing to fd 2 itself could block: on a full pipe or socket nobody reads, or on a terminal
+/// under flow control. Setting `O_NONBLOCK` on fd 2 would change the description it shares
+/// with other processes. So: a socket (journald's stdout stream) gets `send(MSG_DONTWAIT)`
+/// through a duplicate; a pipe or terminal is opened again through `/proc/self/fd/2`, which
+/// gives a description of our own that can be non-blocking; a regular file never waits for a
+/// reader. Anything else gets no message.
+struct LastWords {
+    fd: Option<OwnedFd>,
+    socket: bool,
+}
+
+impl LastWords {
+    fn prepare() -> Self {
+        use rustix::fs::{FileType, Mode, OFlags};
+        let stderr = std::io::stderr();
+        let fd = stderr.as_fd();
+        let kind = rustix::fs::fstat(fd).map(|st| FileType::from_raw_mode(st.st_mode));
+        let (fd, socket) = match kind {
+            Ok(FileType::Socket) => (rustix::io::fcntl_dupfd_cloexec(fd, 3).ok(), true),
+            Ok(FileType::Fifo | FileType::CharacterDevice) => (
+                rustix::fs::open(
+                    "/proc/self/fd/2",
+                    OFlags::WRONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
+                    Mode::empty(),
+                )
+                .ok(),
+                false,
+            ),
+            Ok(FileType::RegularFile) => (rustix::io::fcntl_dupfd_cloexec(fd, 3).ok(), false),
+            _ => (None, false),
+        };
+        Self { fd, socket }
+    }
+
+    /// One attempt to write `message`; whatever fails is ignored.
+    fn say(&self, message: &str) {
+        let Some(fd) = &self.fd else { return };
+        if self.socket {
+            let flags = rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL;
+            let _ = rustix::net::send(fd, message.as_bytes(), flags);
+        } else {
+            let _ = rustix::io::write(fd, message.as_bytes());
+        }
+    }
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::time::Duration;
 
     use super::*;
+    use crate::clock::{ManualClock, SystemClock};
 
-    fn counting() -> (Arc<AtomicUsize>, Killer) {
+    fn counting(clock: Arc<dyn Clock>) -> (Arc<AtomicUsize>, Killer) {
         let fired = Arc::new(AtomicUsize::new(0));
         let action = {
             let fired = Arc::clone(&fired);
-            Arc::new(move || {
+            Arc::new(move |_| {
                 fired.fetch_add(1, Ordering::SeqCst);
             })
         };
-        (fired, Killer::with_action(action))
+        (fired, Killer::with_action(clock, action))
+    }
+
+    fn real() -> (Arc<dyn Clock>, Arc<AtomicUsize>, Killer) {
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock::local());
+        let (fired, killer) = counting(Arc::clone(&clock));
+        (clock, fired, killer)
     }
 
     fn wait_until(cond: impl Fn() -> bool) -> bool {
@@ -217,23 +294,33 @@ mod tests {
 
     #[test]
     fn fires_once_at_the_deadline_and_not_before() {
-        let (fired, killer) = counting();
-        let armed_at = std::time::Instant::now();
-        killer.arm(Instant::now() + Duration::from_millis(30));
+        let (clock, fired, killer) = real();
+        let deadline = clock.now().after(Duration::from_millis(30));
+        killer.arm(deadline);
         assert!(wait_until(|| fired.load(Ordering::SeqCst) == 1));
-        assert!(
-            armed_at.elapsed() >= Duration::from_millis(30),
-            "fired early"
-        );
+        assert!(deadline.left_from(clock.now()).is_none(), "fired early");
         assert!(killer.has_fired());
         std::thread::sleep(Duration::from_millis(20));
         assert_eq!(fired.load(Ordering::SeqCst), 1, "fires exactly once");
     }
 
+    /// A suspended machine: boot time jumps past the deadline while monotonic time (which the
+    /// condvar waits on) stands still. The killer must fire anyway, within [`RECHECK`].
+    #[test]
+    fn fires_when_boot_time_jumps_past_the_deadline_while_monotonic_time_does_not() {
+        let clock = ManualClock::default();
+        let (fired, killer) = counting(Arc::new(clock.clone()));
+        killer.arm(clock.now().after(Duration::from_secs(3600)));
+        std::thread::sleep(RECHECK * 3);
+        assert_eq!(fired.load(Ordering::SeqCst), 0, "an hour is left");
+        clock.advance(Duration::from_secs(7200));
+        assert!(wait_until(|| fired.load(Ordering::SeqCst) == 1));
+    }
+
     #[test]
     fn disarm_before_the_deadline_prevents_firing_and_joins_the_thread() {
-        let (fired, killer) = counting();
-        killer.arm(Instant::now() + Duration::from_millis(40));
+        let (clock, fired, killer) = real();
+        killer.arm(clock.now().after(Duration::from_millis(40)));
         killer.disarm();
         assert!(killer.deadline().is_none());
         assert!(
@@ -249,23 +336,23 @@ mod tests {
 
     #[test]
     fn moving_the_deadline_later_postpones_firing() {
-        let (fired, killer) = counting();
-        let start = std::time::Instant::now();
-        killer.arm(Instant::now() + Duration::from_millis(20));
-        killer.arm(Instant::now() + Duration::from_millis(120));
+        let (clock, fired, killer) = real();
+        killer.arm(clock.now().after(Duration::from_millis(20)));
+        let later = clock.now().after(Duration::from_millis(120));
+        killer.arm(later);
         assert!(wait_until(|| fired.load(Ordering::SeqCst) == 1));
-        assert!(start.elapsed() >= Duration::from_millis(120));
+        assert!(later.left_from(clock.now()).is_none(), "fired early");
     }
 
     #[test]
     fn fires_while_the_async_runtime_is_blocked() {
-        let (fired, killer) = counting();
+        let (clock, fired, killer) = real();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()
             .unwrap();
         rt.block_on(async {
-            killer.arm(Instant::now() + Duration::from_millis(20));
+            killer.arm(clock.now().after(Duration::from_millis(20)));
             // Block the only runtime thread: no task can run, the killer still must.
             std::thread::sleep(Duration::from_millis(200));
         });
@@ -274,8 +361,8 @@ mod tests {
 
     #[test]
     fn dropped_while_armed_still_fires() {
-        let (fired, killer) = counting();
-        killer.arm(Instant::now() + Duration::from_millis(20));
+        let (clock, fired, killer) = real();
+        killer.arm(clock.now().after(Duration::from_millis(20)));
         drop(killer);
         assert!(wait_until(|| fired.load(Ordering::SeqCst) == 1));
     }

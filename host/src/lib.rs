@@ -2,6 +2,7 @@
 //!
 //! The crate is laid out one module per concept of the specification:
 //!
+//! - [`clock`]: `CLOCK_BOOTTIME` readings for store expiry and the local lease deadline.
 //! - [`store`]: the TTL store contract and its backends (memory, redb, etcd).
 //! - [`killer`]: the watchdog thread that ends the process if renewal stalls.
 //! - [`elections`]: acquire, renew and release leases; the local lease deadline.
@@ -11,6 +12,7 @@
 //! - [`config`] and [`cli`]: `vvm-host serve`, `status` and `check`.
 
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod elections;
 pub mod killer;

@@ -9,6 +9,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::{Clock, SystemClock};
 use crate::elections::{ElectionError, Elections, Leadership};
 use crate::killer::Killer;
 use crate::services::{LeaseInfo, ServiceContext, ServiceError, Services};
@@ -154,22 +155,29 @@ pub struct Vvm {
     store: Arc<dyn Store>,
     services: Arc<dyn Services>,
     killer: Arc<Killer>,
+    clock: Arc<dyn Clock>,
 }
 
 impl Vvm {
-    /// Builds a VVM and starts nothing. The killer exits the process when it fires.
+    /// Builds a VVM and starts nothing. Its lease deadlines run on `CLOCK_BOOTTIME`, and the
+    /// killer exits the process when it fires.
     pub fn provide(config: VvmConfig, store: Arc<dyn Store>, services: Arc<dyn Services>) -> Self {
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock::local());
         Self {
             config,
             store,
             services,
-            killer: Arc::new(Killer::new()),
+            killer: Arc::new(Killer::new(Arc::clone(&clock))),
+            clock,
         }
     }
 
-    /// Replaces the killer (tests inject one whose action records instead of exiting).
+    /// Replaces the clock of the lease deadlines and the killer (tests follow tokio's paused
+    /// clock). `killer` must run on `clock`; tests inject one whose action records instead of
+    /// exiting.
     #[must_use]
-    pub fn with_killer(mut self, killer: Arc<Killer>) -> Self {
+    pub fn with_clock_and_killer(mut self, clock: Arc<dyn Clock>, killer: Arc<Killer>) -> Self {
+        self.clock = clock;
         self.killer = killer;
         self
     }
@@ -243,8 +251,9 @@ impl Launcher {
             store,
             services,
             killer,
+            clock,
         } = &self.vvm;
-        let elections = Elections::new(Arc::clone(store), Arc::clone(killer));
+        let elections = Elections::new(Arc::clone(store), Arc::clone(killer), Arc::clone(clock));
         let mut monitor = None;
         let mut running = None;
         // Shutdown may come while a store call hangs: stop campaigning at once. An insert

@@ -10,6 +10,7 @@ use std::time::Duration;
 use common::{Fault, FaultyStore, Journal, Op, counting_killer, mem_store};
 use proptest::prelude::*;
 use tokio::time::{Instant, advance, sleep};
+use vvm_host::clock::{SystemClock, Timestamp, TokioClock};
 use vvm_host::elections::{ElectionError, Elections, valid_until};
 use vvm_host::killer::{KILLER_EXIT_CODE, Killer};
 use vvm_host::store::{MemStore, TtlStore};
@@ -20,6 +21,7 @@ const KEY: &str = "slot/1";
 const ME: &str = "me";
 
 struct Fixture {
+    clock: TokioClock,
     store: Arc<FaultyStore>,
     killer: Arc<Killer>,
     elections: Arc<Elections>,
@@ -29,13 +31,22 @@ struct Fixture {
 fn fixture_on(mem: MemStore) -> Fixture {
     let journal = Journal::default();
     let store = FaultyStore::new(mem, "a", &journal);
-    let (fired, killer) = counting_killer();
-    let elections = Elections::new(store.clone(), Arc::clone(&killer));
+    let clock = TokioClock::new();
+    let (fired, killer) = counting_killer(&clock);
+    let elections = Elections::new(store.clone(), Arc::clone(&killer), Arc::new(clock.clone()));
     Fixture {
+        clock,
         store,
         killer,
         elections,
         fired,
+    }
+}
+
+impl Fixture {
+    /// The elections' clock reading at tokio instant `t`.
+    fn at(&self, t: Instant) -> Timestamp {
+        self.clock.at(t)
     }
 }
 
@@ -54,7 +65,7 @@ async fn acquire_renews_every_quarter_lease_and_release_deletes() {
     let lead = f.elections.acquire(KEY, ME, L).await.unwrap().unwrap();
     assert_eq!(lead.key(), KEY);
     assert_eq!(lead.term(), 1);
-    assert_eq!(f.killer.deadline(), Some(t0 + L.mul_f64(0.8)));
+    assert_eq!(f.killer.deadline(), Some(f.at(t0 + L.mul_f64(0.8))));
     sleep(L * 2 + Duration::from_secs(1)).await;
     // Renewed at L/4, L/2, ... 2L: the record outlived its first expiry.
     let cas = f.store.calls_of(Op::Cas);
@@ -129,6 +140,7 @@ async fn cas_false_because_the_key_changed_is_lost_and_the_foreign_record_stays(
     );
     lead.lost().await;
     assert_eq!(Instant::now() - t0, L / 4, "lost at the first renewal");
+    assert!(lead.deadline().has_passed(), "loss pulls the deadline in");
     let record = f.store.inner.get(KEY).await.unwrap().unwrap();
     assert_eq!(record.value, "usurper", "the foreign record is not deleted");
     sleep(L).await;
@@ -146,9 +158,11 @@ async fn key_deleted_underneath_is_lost() {
     assert_eq!(Instant::now() - t0, L / 4 * 3, "lost at the next renewal");
     assert_eq!(f.store.calls_of(Op::Cas).len(), 3);
     assert!(f.store.inner.get(KEY).await.unwrap().is_none());
-    // The local deadline stays where the last successful write put it.
-    assert_eq!(lead.deadline().get(), valid_until(t0 + L / 2, L));
-    assert_eq!(f.killer.deadline(), Some(valid_until(t0 + L / 2, L)));
+    // Loss pulls the guests' deadline in to the moment it is known: no grace period of guest
+    // effects. The killer keeps the last successful write's deadline for the shutdown.
+    assert_eq!(lead.deadline().get(), f.at(t0 + L / 4 * 3));
+    assert!(lead.deadline().has_passed());
+    assert_eq!(f.killer.deadline(), Some(valid_until(f.at(t0 + L / 2), L)));
 }
 
 #[tokio::test(start_paused = true)]
@@ -191,7 +205,7 @@ async fn cleanup_during_a_stalled_renewal_releases_and_ends_the_loop() {
     sleep(L).await;
     assert_eq!(f.store.calls_of(Op::Cas).len(), 1, "the renewal loop ended");
     // The killer stays armed: disarming is the shutdown sequence's last step.
-    assert_eq!(f.killer.deadline(), Some(valid_until(t0, L)));
+    assert_eq!(f.killer.deadline(), Some(valid_until(f.at(t0), L)));
 }
 
 #[tokio::test(start_paused = true)]
@@ -238,7 +252,7 @@ async fn a_transient_error_once_recovers_with_exactly_four_cas_calls() {
     assert!(!lead.is_lost());
     assert_eq!(
         lead.deadline().get(),
-        valid_until(t0 + L / 4 * 3 + L / 20, L)
+        valid_until(f.at(t0 + L / 4 * 3 + L / 20), L)
     );
 }
 
@@ -260,12 +274,21 @@ async fn persistent_errors_lose_the_lease_after_exactly_three_attempts_l20_apart
         L / 4 + L / 10,
         "lost right after the third attempt"
     );
+    assert_eq!(
+        lead.deadline().get(),
+        f.at(t0 + L / 4 + L / 10),
+        "loss pulls the deadline in to now"
+    );
     // Lost, but the record stays until the owner has stopped its services and releases it:
     // nobody else can take the slot while a guest of ours might still run.
     assert_eq!(f.store.inner.get(KEY).await.unwrap().unwrap().value, ME);
     sleep(Duration::from_secs(1)).await;
     assert_eq!(f.store.calls_of(Op::Cas).len(), 3, "no fourth attempt");
-    assert_eq!(f.killer.deadline(), Some(valid_until(t0, L)), "never moved");
+    assert_eq!(
+        f.killer.deadline(),
+        Some(valid_until(f.at(t0), L)),
+        "never moved"
+    );
     f.elections.release(KEY).await;
     assert!(
         f.store.inner.get(KEY).await.unwrap().is_none(),
@@ -297,7 +320,7 @@ async fn a_lost_lease_is_not_handed_on_before_the_killer_deadline() {
         sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(Instant::now() - t0, L, "taken over only at expiry");
-    assert!(f.killer.deadline().unwrap() < t0 + L);
+    assert!(f.killer.deadline().unwrap() < f.at(t0 + L));
 }
 
 #[tokio::test(start_paused = true)]
@@ -309,22 +332,22 @@ async fn valid_until_is_the_start_of_the_last_successful_write_plus_0_8_l() {
     let t0 = Instant::now();
     let lead = f.elections.acquire(KEY, ME, L).await.unwrap().unwrap();
     assert_eq!(Instant::now() - t0, secs(3));
-    assert_eq!(lead.deadline().get(), t0 + secs(16));
-    assert_eq!(f.killer.deadline(), Some(t0 + secs(16)));
+    assert_eq!(lead.deadline().get(), f.at(t0 + secs(16)));
+    assert_eq!(f.killer.deadline(), Some(f.at(t0 + secs(16))));
     // A slow renewal at t0+5 (lands 2 s after it started): counted from its start.
     f.store
         .script(Op::Cas, [Fault::DelayBefore(secs(2)), Fault::Transient]);
     tokio::time::sleep_until(t0 + secs(8)).await;
-    assert_eq!(lead.deadline().get(), t0 + secs(5 + 16));
-    assert_eq!(f.killer.deadline(), Some(t0 + secs(5 + 16)));
+    assert_eq!(lead.deadline().get(), f.at(t0 + secs(5 + 16)));
+    assert_eq!(f.killer.deadline(), Some(f.at(t0 + secs(5 + 16))));
     // The renewal at t0+10 fails: nothing moves until its retry at t0+11 succeeds.
     tokio::time::sleep_until(t0 + Duration::from_millis(10_500)).await;
     assert_eq!(f.store.calls_of(Op::Cas).len(), 2);
-    assert_eq!(lead.deadline().get(), t0 + secs(5 + 16));
-    assert_eq!(f.killer.deadline(), Some(t0 + secs(5 + 16)));
+    assert_eq!(lead.deadline().get(), f.at(t0 + secs(5 + 16)));
+    assert_eq!(f.killer.deadline(), Some(f.at(t0 + secs(5 + 16))));
     tokio::time::sleep_until(t0 + Duration::from_millis(11_500)).await;
-    assert_eq!(lead.deadline().get(), t0 + secs(11 + 16));
-    assert_eq!(f.killer.deadline(), Some(t0 + secs(11 + 16)));
+    assert_eq!(lead.deadline().get(), f.at(t0 + secs(11 + 16)));
+    assert_eq!(f.killer.deadline(), Some(f.at(t0 + secs(11 + 16))));
     // Renewal stalls: the deadline passes (inclusive) exactly at t0+27, before the record
     // written at t0+11 expires at t0+31.
     f.store.set_default(Op::Cas, Fault::Stall);
@@ -364,7 +387,7 @@ async fn the_killer_keeps_the_earliest_deadline_of_several_leases() {
     let _one = f.elections.acquire("slot/1", ME, L).await.unwrap().unwrap();
     advance(Duration::from_secs(1)).await;
     let _two = f.elections.acquire("slot/2", ME, L).await.unwrap().unwrap();
-    assert_eq!(f.killer.deadline(), Some(valid_until(t0, L)));
+    assert_eq!(f.killer.deadline(), Some(valid_until(f.at(t0), L)));
     // slot/1 cannot renew; slot/2 can. slot/2's renewals must not push the killer past slot/1.
     f.store.set_default(Op::Cas, Fault::Stall);
     tokio::time::sleep_until(t0 + Duration::from_millis(5_500)).await; // slot/1's CAS hangs
@@ -377,7 +400,7 @@ async fn the_killer_keeps_the_earliest_deadline_of_several_leases() {
         .filter(|c| c.key == "slot/2" && c.result == Some(Ok(true)))
         .count();
     assert!(renewed >= 2);
-    assert_eq!(f.killer.deadline(), Some(valid_until(t0, L)));
+    assert_eq!(f.killer.deadline(), Some(valid_until(f.at(t0), L)));
 }
 
 #[test]
@@ -444,7 +467,7 @@ fn check_invariant(lease: Duration, faults: Vec<Fault>, step: Duration) -> Resul
                 .map(|c| c.start)
                 .max()
                 .ok_or("no successful write")?;
-            let bound = valid_until(last_success, lease);
+            let bound = valid_until(f.at(last_success), lease);
             if armed != bound {
                 return Err(format!("armed {armed:?} != last success + 0.8L {bound:?}"));
             }
@@ -455,7 +478,12 @@ fn check_invariant(lease: Duration, faults: Vec<Fault>, step: Duration) -> Resul
             {
                 return Err("moved later without a successful write".into());
             }
-            if lead.deadline().get() != armed {
+            if lead.is_lost() {
+                // Loss pulls the guests' deadline in; the killer keeps its own.
+                if !lead.deadline().has_passed() {
+                    return Err("lost, but the guests' deadline has not passed".into());
+                }
+            } else if lead.deadline().get() != armed {
                 return Err("the local valid-until differs from the killer".into());
             }
             // While our record is live, the killer fires strictly before it can expire, so
@@ -463,7 +491,7 @@ fn check_invariant(lease: Duration, faults: Vec<Fault>, step: Duration) -> Resul
             if let Some(record) = f.store.inner.get(KEY).await.unwrap()
                 && record.value == ME
             {
-                let expiry = now + record.time_left;
+                let expiry = f.at(now + record.time_left);
                 if armed >= expiry {
                     return Err(format!("armed {armed:?} not before expiry {expiry:?}"));
                 }
@@ -471,7 +499,6 @@ fn check_invariant(lease: Duration, faults: Vec<Fault>, step: Duration) -> Resul
             previous = armed;
         }
         f.elections.cleanup().await;
-        // The killer compares real time; this case ran in paused time. Stop its thread.
         f.killer.disarm();
         Ok(())
     })
@@ -520,7 +547,9 @@ fn the_real_killer_ends_a_process_whose_store_stalls_before_the_record_can_expir
         rt.block_on(async {
             let journal = Journal::default();
             let store = FaultyStore::new(mem_store(), "child", &journal);
-            let elections = Elections::new(store.clone(), Arc::new(Killer::new()));
+            let clock = Arc::new(SystemClock::local());
+            let elections =
+                Elections::new(store.clone(), Arc::new(Killer::new(clock.clone())), clock);
             let start = std::time::SystemTime::now();
             let _lead = elections.acquire(KEY, ME, LEASE).await.unwrap().unwrap();
             println!("acquired_ms={}", common::unix_ms(start));
@@ -541,4 +570,36 @@ fn the_real_killer_ends_a_process_whose_store_stalls_before_the_record_can_expir
     // earliest (2000 ms, it was written after `start`).
     assert!(lived >= 1590, "fired too early: {lived} ms");
     assert!(lived < 2000, "the record could have expired: {lived} ms");
+}
+
+// ---- suspend: CLOCK_BOOTTIME moves, CLOCK_MONOTONIC does not --------------------------------
+
+/// The machine sleeps for longer than the lease: boot time jumps, tokio's (monotonic) time
+/// does not. On resume the guests' deadline has passed and the killer fires, before any
+/// renewal could run.
+#[tokio::test(start_paused = true)]
+async fn a_suspend_longer_than_the_lease_passes_the_deadline_and_fires_the_killer() {
+    let f = fixture();
+    let lead = f.elections.acquire(KEY, ME, L).await.unwrap().unwrap();
+    sleep(L / 8).await;
+    assert!(!lead.deadline().has_passed());
+    assert_eq!(f.fired.load(Ordering::SeqCst), 0);
+
+    f.clock.suspend(L * 3);
+    assert!(lead.deadline().has_passed(), "effects are refused at once");
+    assert_eq!(
+        f.store.calls_of(Op::Cas).len(),
+        0,
+        "no renewal ran meanwhile"
+    );
+    // The killer's thread re-reads the clock at least every `RECHECK` of real time.
+    let waited = std::time::Instant::now();
+    while f.fired.load(Ordering::SeqCst) == 0 {
+        assert!(
+            waited.elapsed() < Duration::from_secs(10),
+            "the killer never fired"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(f.killer.has_fired());
 }

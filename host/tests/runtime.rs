@@ -12,14 +12,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tempfile::TempDir;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use vvm_host::clock::{Clock, ManualClock, SystemClock};
 use vvm_host::elections::LeaseDeadline;
 use vvm_host::runtime::{
     DirGrant, Grants, LoadErrorKind, RestartPolicy, RuntimeConfig, ServiceKind, WasmServices,
 };
 use vvm_host::services::{LeaseInfo, ServiceContext, Services};
-use vvm_host::store::{FencedKv, ManualClock, MemStore, TtlStore};
+use vvm_host::store::{FencedKv, MemStore, TtlStore};
 use vvm_host::vvm::{Problem, ProblemReporter};
 
 const LEASE_KEY: &str = "vvm/slot/1";
@@ -74,7 +74,9 @@ async fn lease(deadline: LeaseDeadline) -> Lease {
 }
 
 fn far_deadline() -> LeaseDeadline {
-    LeaseDeadline::fixed(Instant::now() + Duration::from_secs(3600))
+    let clock = Arc::new(SystemClock::local());
+    let at = clock.now().after(Duration::from_secs(3600));
+    LeaseDeadline::fixed(clock, at)
 }
 
 /// Waits up to 10 s for `cond`.
@@ -368,8 +370,9 @@ async fn no_effect_after_the_lease_deadline() {
     config.grants.insert("fenced-counter".into(), tick_env(10));
     config.restart.initial_backoff = Duration::from_millis(20);
     let (services, _) = WasmServices::load(config).unwrap();
+    let clock = Arc::new(SystemClock::local());
     let (move_deadline, deadline) =
-        LeaseDeadline::manual(Instant::now() + Duration::from_secs(3600));
+        LeaseDeadline::manual(clock.clone(), clock.now().after(Duration::from_secs(3600)));
     let l = lease(deadline).await;
     let running = services.start(l.ctx.clone()).await.unwrap();
     let count = async || {
@@ -379,12 +382,22 @@ async fn no_effect_after_the_lease_deadline() {
     };
     until("the counter counts", async || count().await >= 3).await;
 
-    // The lease deadline passes (the host stalled; the store still says we lead).
-    move_deadline.send(Instant::now()).unwrap();
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let frozen = count().await;
-    let lines = logs::count("fenced-counter", "count ");
+    // The lease deadline passes (the host stalled; the store still says we lead). Sampled at
+    // the deadline itself: a call that passed its check just before may still complete (one
+    // write, one line); nothing after it.
+    let (count_before, lines_before) = (count().await, logs::count("fenced-counter", "count "));
+    move_deadline.send(clock.now()).unwrap();
     let runs = logs::count("fenced-counter", "service running");
+    let frozen = count().await;
+    assert!(
+        frozen <= count_before + 1,
+        "{frozen} written after the deadline"
+    );
+    let lines = logs::count("fenced-counter", "count ");
+    assert!(
+        lines <= lines_before + 1,
+        "{lines} lines after the deadline"
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(count().await, frozen, "no kv write after the deadline");
     assert_eq!(
@@ -406,7 +419,7 @@ async fn no_effect_after_the_lease_deadline() {
 
     // A renewal moves the deadline: the service runs again and counts on.
     move_deadline
-        .send(Instant::now() + Duration::from_secs(3600))
+        .send(clock.now().after(Duration::from_secs(3600)))
         .unwrap();
     until("counting resumes", async || count().await > frozen).await;
     running.stop().await;

@@ -11,6 +11,7 @@ use common::{
     Behaviour, Fault, FaultyStore, Journal, Op, RecordingServices, counting_killer, mem_store,
 };
 use tokio::time::{Instant, sleep};
+use vvm_host::clock::TokioClock;
 use vvm_host::killer::{KILLER_EXIT_CODE, Killer};
 use vvm_host::store::{MemStore, TtlStore};
 use vvm_host::vvm::{LaunchedVvm, Problem, ProblemReporter, Vvm, VvmConfig, VvmState};
@@ -39,9 +40,10 @@ fn launch_with(mem: &MemStore, journal: &Journal, config: VvmConfig, b: Behaviou
     let name = config.holder.clone();
     let store = FaultyStore::new(mem.clone(), &name, journal);
     let services = RecordingServices::new(&name, b, journal);
-    let (fired, killer) = counting_killer();
+    let clock = TokioClock::new();
+    let (fired, killer) = counting_killer(&clock);
     let vvm = Vvm::provide(config, store.clone(), services.clone())
-        .with_killer(Arc::clone(&killer))
+        .with_clock_and_killer(Arc::new(clock), Arc::clone(&killer))
         .launch();
     Host {
         vvm,
@@ -279,9 +281,10 @@ async fn shutdown_while_an_acquisition_hangs_ends_and_cleans_up_the_write() {
     let store = FaultyStore::new(mem.clone(), "a", &journal);
     store.script(Op::Insert, [Fault::Stall]);
     let services = RecordingServices::new("a", Behaviour::default(), &journal);
-    let (_, killer) = counting_killer();
+    let clock = TokioClock::new();
+    let (_, killer) = counting_killer(&clock);
     let vvm = Vvm::provide(cfg, store.clone(), services)
-        .with_killer(Arc::clone(&killer))
+        .with_clock_and_killer(Arc::new(clock), Arc::clone(&killer))
         .launch();
     sleep(Duration::from_secs(3)).await;
     assert_eq!(store.calls_of(Op::Insert).len(), 1, "the insert hangs");
@@ -434,9 +437,10 @@ async fn a_release_while_the_standby_is_looking_is_not_missed() {
     // b reads a's live record at t0, but the answer reaches it only at t0+1.
     store.script(Op::Get, [Fault::DelayAfter(Duration::from_secs(1))]);
     let services = RecordingServices::new("b", Behaviour::default(), &journal);
-    let (_, killer) = counting_killer();
+    let clock = TokioClock::new();
+    let (_, killer) = counting_killer(&clock);
     let b = Vvm::provide(cfg, store, services)
-        .with_killer(killer)
+        .with_clock_and_killer(Arc::new(clock), killer)
         .launch();
     sleep(Duration::from_millis(500)).await;
     assert_eq!(shut(a.vvm).await, None); // released at t0+0.5, while b is looking

@@ -1,5 +1,6 @@
-//! Per-store host state and the `vvm:host` imports (SPEC §6, §7). Every import with an effect
-//! checks the local lease deadline first: past it, the call traps and has no effect.
+//! Per-store host state and the `vvm:host` imports (SPEC §6, §7). Every call into the host is
+//! fenced by the local lease deadline (`fence`); the imports with an effect also say which
+//! effect they refused.
 
 use std::sync::Arc;
 
@@ -11,6 +12,7 @@ use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::RuntimeError;
 use super::config::{Grants, RuntimeConfig};
+use super::fence::{self, Fenced};
 use super::output::{LogOutput, Stdio};
 use crate::elections::LeaseDeadline;
 use crate::services::LeaseInfo;
@@ -30,21 +32,6 @@ mod bindings {
 pub(crate) use bindings::ServicePre;
 use bindings::vvm::host::{kv, lease, log};
 
-/// A guest effect refused because the local lease deadline has passed: another host may
-/// lead by now. Raised as a trap, so the guest stops at once.
-#[derive(Debug, thiserror::Error)]
-#[error("lease deadline passed: {what} refused, another host may lead now")]
-pub(crate) struct Fenced {
-    what: &'static str,
-}
-
-impl Fenced {
-    /// Refuses `what` (a log line, a write, ...).
-    pub(crate) fn new(what: &'static str) -> Self {
-        Self { what }
-    }
-}
-
 /// What every instance of one service shares during one leadership.
 pub(crate) struct ServiceEnv {
     /// The service's name (file stem); tags its log lines, namespaces its key-value space.
@@ -61,28 +48,24 @@ pub(crate) struct ServiceEnv {
     pub store: Arc<dyn LeaseStore>,
 }
 
-impl ServiceEnv {
-    /// Fails with [`Fenced`] once the lease deadline has passed.
-    fn fence(&self, what: &'static str) -> Result<(), Fenced> {
-        if self.deadline.has_passed() {
-            tracing::warn!(
-                service = &*self.name,
-                what,
-                "effect refused: lease deadline passed"
-            );
-            Err(Fenced::new(what))
-        } else {
-            Ok(())
-        }
-    }
-}
-
 /// The state of one store: one instance of one service.
 pub(crate) struct Host {
     env: Arc<ServiceEnv>,
     wasi: WasiCtx,
     table: ResourceTable,
     limits: StoreLimits,
+}
+
+impl Host {
+    /// What this instance's service shares with its other instances.
+    pub(crate) fn env(&self) -> &Arc<ServiceEnv> {
+        &self.env
+    }
+
+    /// The store's resources.
+    pub(crate) fn table(&mut self) -> &mut ResourceTable {
+        &mut self.table
+    }
 }
 
 impl WasiView for Host {
@@ -101,12 +84,13 @@ pub(crate) fn linker(engine: &Engine) -> Result<Linker<Host>, RuntimeError> {
     lease::add_to_linker::<_, HasSelf<_>>(&mut linker, |h| h).map_err(RuntimeError::Engine)?;
     log::add_to_linker::<_, HasSelf<_>>(&mut linker, |h| h).map_err(RuntimeError::Engine)?;
     kv::add_to_linker::<_, HasSelf<_>>(&mut linker, |h| h).map_err(RuntimeError::Engine)?;
+    fence::shadow(&mut linker).map_err(RuntimeError::Engine)?;
     Ok(linker)
 }
 
 /// A fresh store for one instance of the service `env`: its own WASI context (with only what
-/// `grants` allow), memory cap, and an epoch deadline that yields every tick and traps once
-/// the lease deadline has passed.
+/// `grants` allow), memory cap, the per-call fence, and an epoch deadline that yields every
+/// tick and traps once the lease deadline has passed.
 pub(crate) fn new_store(
     engine: &Engine,
     env: &Arc<ServiceEnv>,
@@ -124,6 +108,7 @@ pub(crate) fn new_store(
     };
     let mut store = Store::new(engine, host);
     store.limiter(|h| &mut h.limits);
+    fence::install(&mut store);
     store.set_epoch_deadline(1);
     store.epoch_deadline_callback(|cx| {
         if cx.data().env.deadline.has_passed() {
@@ -138,7 +123,10 @@ fn wasi_ctx(env: &Arc<ServiceEnv>, grants: Option<&Grants>) -> wasmtime::Result<
     let mut wasi = WasiCtxBuilder::new();
     wasi.stdout(LogOutput::new(Arc::clone(env), Stdio::Stdout))
         .stderr(LogOutput::new(Arc::clone(env), Stdio::Stderr))
-        .arg(&*env.name);
+        .arg(&*env.name)
+        // File operations run on the calling thread, right after the fence's check: a
+        // blocking task could write after the deadline, the drop and the release (`fence`).
+        .allow_blocking_current_thread(true);
     if let Some(grants) = grants {
         wasi.envs(&grants.env);
         for dir in &grants.dirs {
@@ -250,14 +238,13 @@ impl kv::Host for Host {
 pub(crate) mod tests {
     use std::time::Duration;
 
-    use tokio::time::Instant;
-
     use super::*;
-    use crate::store::{ManualClock, MemStore, TtlStore};
+    use crate::clock::{Clock, ManualClock};
+    use crate::store::{MemStore, TtlStore};
 
     /// The environment of a service `svc` leading `slot/1` in a fresh store, with a deadline
-    /// the returned sender moves.
-    pub(crate) async fn env() -> (tokio::sync::watch::Sender<Instant>, Arc<ServiceEnv>) {
+    /// 60 s ahead on the returned clock (advance it to pass the deadline).
+    pub(crate) async fn env() -> (ManualClock, Arc<ServiceEnv>) {
         let store = MemStore::new(Arc::new(ManualClock::default()));
         let lease = Duration::from_secs(20);
         let term = store
@@ -265,7 +252,11 @@ pub(crate) mod tests {
             .await
             .unwrap()
             .unwrap();
-        let (tx, deadline) = LeaseDeadline::manual(Instant::now() + Duration::from_secs(60));
+        let clock = ManualClock::default();
+        let deadline = LeaseDeadline::fixed(
+            Arc::new(clock.clone()),
+            clock.now().after(Duration::from_secs(60)),
+        );
         let env = ServiceEnv {
             name: "svc".into(),
             lease: LeaseInfo {
@@ -280,7 +271,7 @@ pub(crate) mod tests {
             problems: ProblemReporter::default(),
             store: Arc::new(store),
         };
-        (tx, Arc::new(env))
+        (clock, Arc::new(env))
     }
 
     fn host(env: &Arc<ServiceEnv>) -> Host {
@@ -294,7 +285,7 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn effects_before_the_deadline_take_effect() {
-        let (_tx, env) = env().await;
+        let (_clock, env) = env().await;
         let mut h = host(&env);
         lease::Host::report_problem(&mut h, "bad".into())
             .await
@@ -319,9 +310,9 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn effects_after_the_deadline_trap_and_do_nothing() {
-        let (tx, env) = env().await;
+        let (clock, env) = env().await;
         let mut h = host(&env);
-        tx.send(Instant::now()).unwrap();
+        clock.advance(Duration::from_secs(60));
         let e = lease::Host::report_problem(&mut h, "bad".into())
             .await
             .unwrap_err();
@@ -346,7 +337,7 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn kv_namespaces_are_per_service() {
-        let (_tx, env) = env().await;
+        let (_clock, env) = env().await;
         kv::Host::set(&mut host(&env), "k".into(), b"v".to_vec())
             .await
             .unwrap()

@@ -3,7 +3,8 @@
 //! - `config`: [`RuntimeConfig`] (directories, limits, grants, restart policy).
 //! - `engine`: the wasmtime [`wasmtime::Engine`] and the epoch ticker thread.
 //! - `component`: discovery, compilation with an on-disk cache, world classification.
-//! - `host`: per-store state and the `vvm:host` imports, each fenced by the lease deadline.
+//! - `fence`: no guest effect past the lease deadline: the per-call check, fenced streams.
+//! - `host`: per-store state and the `vvm:host` imports.
 //! - `output`: guest stdout/stderr as log lines.
 //! - `supervisor`: runs, restarts and stops one service.
 //! - `services`: [`WasmServices`], the [`crate::services::Services`] the lifecycle starts.
@@ -11,6 +12,7 @@
 mod component;
 mod config;
 mod engine;
+mod fence;
 mod host;
 mod output;
 mod services;

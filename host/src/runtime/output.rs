@@ -11,7 +11,8 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError, StreamResult};
 use wasmtime_wasi_io::bytes::Bytes;
 
-use super::host::{Fenced, ServiceEnv};
+use super::fence::Fenced;
+use super::host::ServiceEnv;
 
 /// A line longer than this is logged in pieces, so a guest cannot grow the buffer forever.
 const MAX_LINE: usize = 16 * 1024;
@@ -150,8 +151,8 @@ impl AsyncWrite for LogOutput {
 #[cfg(test)]
 mod tests {
     use std::sync::Mutex;
+    use std::time::Duration;
 
-    use tokio::time::Instant;
     use tracing_subscriber::layer::SubscriberExt;
 
     use super::*;
@@ -187,7 +188,7 @@ mod tests {
 
     #[tokio::test]
     async fn output_is_logged_line_by_line() {
-        let (_tx, env) = env().await;
+        let (_clock, env) = env().await;
         let lines = capture(|| {
             let out = LogOutput::new(env, Stdio::Stdout);
             let mut stream = out.p2_stream();
@@ -202,7 +203,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_long_line_is_logged_in_pieces() {
-        let (_tx, env) = env().await;
+        let (_clock, env) = env().await;
         let lines = capture(|| {
             LogOutput::new(env, Stdio::Stderr)
                 .write(&[b'x'; MAX_LINE + 10])
@@ -214,11 +215,11 @@ mod tests {
 
     #[tokio::test]
     async fn output_after_the_deadline_is_dropped() {
-        let (tx, env) = env().await;
+        let (clock, env) = env().await;
         let lines = capture(|| {
             let out = LogOutput::new(env, Stdio::Stdout);
             out.write(b"before\npartial").unwrap();
-            tx.send(Instant::now()).unwrap();
+            clock.advance(Duration::from_secs(60));
             let mut stream = out.p2_stream();
             let e = stream.write(Bytes::from_static(b" after\n")).unwrap_err();
             assert!(matches!(e, StreamError::Trap(_)));

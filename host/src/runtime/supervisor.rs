@@ -12,7 +12,8 @@ use wasmtime::Trap;
 use wasmtime_wasi::I32Exit;
 
 use super::component::{Loaded, Pre};
-use super::host::{Fenced, ServiceEnv, new_store};
+use super::fence::Fenced;
+use super::host::{ServiceEnv, new_store};
 use super::services::Runtime;
 use crate::vvm::Problem;
 

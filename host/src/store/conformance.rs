@@ -6,7 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Fence, FencedKv, ManualClock, Store, TtlStore};
+use super::{Fence, FencedKv, Store, TtlStore};
+use crate::clock::ManualClock;
 
 /// How the suite opens a backend and moves its clock.
 pub(crate) trait Backend: Send {

@@ -7,7 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::Notify;
 
-use super::{Clock, Fence, FencedKv, Record, StoreError, Term, Timestamp, TtlStore};
+use super::{Fence, FencedKv, Record, StoreError, Term, TtlStore};
+use crate::clock::{Clock, Timestamp};
 
 /// The store contract held in memory: nothing survives the process. Cheap to clone; clones
 /// share one map, like several hosts sharing one store.
@@ -168,7 +169,7 @@ impl FencedKv for MemStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::ManualClock;
+    use crate::clock::ManualClock;
     use crate::store::conformance::{self, Backend};
 
     struct Mem;

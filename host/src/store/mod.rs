@@ -3,7 +3,6 @@
 //! Every backend ([`MemStore`], [`RedbStore`], [`EtcdStore`]) implements [`TtlStore`] and
 //! [`FencedKv`]; one conformance suite (`conformance.rs`) runs against each of them.
 
-mod clock;
 #[cfg(test)]
 pub(crate) mod conformance;
 mod etcd;
@@ -14,7 +13,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-pub use clock::{Clock, ManualClock, SystemClock, Timestamp, TokioClock};
 pub use etcd::{EtcdOptions, EtcdStore, EtcdTls, EtcdUrlError};
 pub use mem::MemStore;
 pub use redb_store::RedbStore;

@@ -32,7 +32,8 @@ use self::schema::{
     BUSY_TIMEOUT, KV, LEASES, META, RELEASES_KEY, SCHEMA_VERSION, TERMS, begin_write, lease_row,
     live_lease, open_database,
 };
-use super::{Clock, Fence, FencedKv, Record, StoreError, SystemClock, Term, Timestamp, TtlStore};
+use super::{Fence, FencedKv, Record, StoreError, Term, TtlStore};
+use crate::clock::{Clock, SystemClock, Timestamp};
 
 /// How often [`TtlStore::wait_released`] reads the release counter without a file watch.
 const FALLBACK_POLL: Duration = Duration::from_millis(5);

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::test_server::{EtcdServer, ServerTls, free_ports};
 use super::*;
-use crate::store::ManualClock;
+use crate::clock::ManualClock;
 use crate::store::conformance::{self, Backend};
 
 /// One etcd per test case; every open connects a new client to it.

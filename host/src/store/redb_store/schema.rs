@@ -10,7 +10,8 @@ use redb::{
 };
 
 use super::fault::Fault;
-use crate::store::{Term, Timestamp};
+use crate::clock::Timestamp;
+use crate::store::Term;
 
 /// Lease records: key -> (holder value, term, expiry boot id, expiry nanoseconds since boot).
 pub(super) const LEASES: TableDefinition<&str, (&str, u64, u128, u64)> =

@@ -8,7 +8,7 @@ use tempfile::TempDir;
 
 use super::schema::SCHEMA_KEY;
 use super::*;
-use crate::store::ManualClock;
+use crate::clock::ManualClock;
 use crate::store::conformance::{self, Backend};
 use redb::{Builder, ConcurrencyMode, TableDefinition};
 

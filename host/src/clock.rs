@@ -1,4 +1,11 @@
-//! Store-side clocks: when records expire is decided here, never by the caller's wall clock.
+//! Time for leases (SPEC §3, §4): `CLOCK_BOOTTIME` readings, for store expiry and for the local
+//! lease deadline and the killer.
+//!
+//! `CLOCK_BOOTTIME` keeps counting while the machine is suspended; `CLOCK_MONOTONIC` (tokio's
+//! and std's `Instant`) does not. A deadline kept on the monotonic clock would still lie in the
+//! future after a resume from a suspend longer than the lease, while the store (redb on
+//! `CLOCK_BOOTTIME`, etcd on its own clock) has long let the record expire and another host
+//! leads. So every lease deadline in this crate is a [`Timestamp`] read from a [`Clock`].
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -7,7 +14,8 @@ use std::time::Duration;
 ///
 /// Two readings from different boots are not comparable: a record written before a reboot
 /// reads as expired after it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// Ordered by boot, then time since boot: only readings of one boot compare meaningfully.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Timestamp {
     /// Identifies one boot of the machine (the kernel's random boot id).
     pub boot: u128,
@@ -35,7 +43,8 @@ impl Timestamp {
     }
 }
 
-/// A source of [`Timestamp`]s. Shared by the stores of one process.
+/// A source of [`Timestamp`]s. Shared by the stores, elections and killer of one process, and
+/// read from any thread (the killer's included).
 pub trait Clock: Send + Sync + 'static {
     /// The current reading.
     fn now(&self) -> Timestamp;
@@ -63,6 +72,13 @@ impl SystemClock {
             )
         })?;
         Ok(Self { boot })
+    }
+
+    /// The machine's clock for deadlines that never leave this process (the local lease
+    /// deadline, the killer): one boot id stands for this boot, so reading the kernel's is not
+    /// needed and nothing can fail.
+    pub fn local() -> Self {
+        Self { boot: 0 }
     }
 }
 
@@ -120,11 +136,17 @@ impl Clock for ManualClock {
     }
 }
 
-/// Follows tokio's clock, so `tokio::time::pause` and `advance` drive store expiry and the
-/// elections' timers together in tests.
+/// Follows tokio's clock, so `tokio::time::pause` and `advance` drive store expiry, the
+/// elections' timers and the killer together in tests. [`TokioClock::suspend`] moves it on
+/// without moving tokio's clock, as a machine's boot time moves while it sleeps.
 #[derive(Clone, Debug)]
 pub struct TokioClock {
     base: tokio::time::Instant,
+    /// The runtime whose (possibly paused) clock this follows, entered to read it from other
+    /// threads such as the killer's; `None` when made outside a runtime.
+    runtime: Option<tokio::runtime::Handle>,
+    /// Time spent "suspended": counted here, not by tokio.
+    suspended: Arc<Mutex<Duration>>,
 }
 
 impl TokioClock {
@@ -132,7 +154,32 @@ impl TokioClock {
     pub fn new() -> Self {
         Self {
             base: tokio::time::Instant::now(),
+            runtime: tokio::runtime::Handle::try_current().ok(),
+            suspended: Arc::default(),
         }
+    }
+
+    /// The reading this clock gives at tokio instant `t` (with the suspends so far).
+    pub fn at(&self, t: tokio::time::Instant) -> Timestamp {
+        let suspended = *self
+            .suspended
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        Timestamp {
+            boot: 1,
+            since_boot: Duration::from_secs(1000)
+                + t.saturating_duration_since(self.base)
+                + suspended,
+        }
+    }
+
+    /// Simulates a suspend of the machine for `d`: boot time jumps, monotonic time does not.
+    pub fn suspend(&self, d: Duration) {
+        let mut suspended = self
+            .suspended
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        *suspended = suspended.saturating_add(d);
     }
 }
 
@@ -144,9 +191,8 @@ impl Default for TokioClock {
 
 impl Clock for TokioClock {
     fn now(&self) -> Timestamp {
-        Timestamp {
-            boot: 1,
-            since_boot: Duration::from_secs(1000) + self.base.elapsed(),
-        }
+        // Outside the runtime's context tokio would read the real clock, not the paused one.
+        let _entered = self.runtime.as_ref().map(tokio::runtime::Handle::enter);
+        self.at(tokio::time::Instant::now())
     }
 }
