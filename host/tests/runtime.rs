@@ -492,3 +492,189 @@ fn check_reports_every_file() {
             .contains("broken.wasm: not a valid component: empty file")
     );
 }
+
+// ---- every granted effect is fenced per call ----------------------------------------------
+
+/// The granted WASI effects the `test/effects` guest can perform, one per trial.
+const EFFECTS: &[&str] = &[
+    "write",
+    "set-size",
+    "create",
+    "truncate",
+    "rename",
+    "unlink",
+    "mkdir",
+    "rmdir",
+    "link",
+    "symlink",
+    "set-times",
+    "set-times-at",
+    "stream-write",
+    "stream-append",
+    "stream-flush",
+    "udp-send",
+    "tcp-connect",
+    "tcp-bind",
+    "tcp-listen",
+    "tcp-accept",
+    "tcp-write",
+];
+
+/// What one trial of an effect saw.
+#[derive(Debug)]
+struct Trial {
+    /// The guest's `run` returned: the effect call came back.
+    returned: bool,
+    /// The host refused a call past the deadline.
+    refused: bool,
+    /// The effect is visible from outside (files, bytes, connections); `None` where an effect
+    /// leaves nothing to see once the guest is gone (bind, listen, a flush).
+    seen: Option<bool>,
+}
+
+/// The granted directory's state: every name with its kind, content and modification time.
+fn snapshot(dir: &std::path::Path) -> Vec<(String, String)> {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let meta = std::fs::symlink_metadata(e.path()).unwrap();
+            let what = if meta.is_symlink() {
+                "symlink".to_owned()
+            } else if meta.is_dir() {
+                "dir".to_owned()
+            } else {
+                format!(
+                    "{:?} {:?} nlink {}",
+                    std::fs::read(e.path()).unwrap(),
+                    meta.modified().unwrap(),
+                    std::os::unix::fs::MetadataExt::nlink(&meta)
+                )
+            };
+            (e.file_name().to_string_lossy().into_owned(), what)
+        })
+        .collect();
+    entries.sort();
+    entries
+}
+
+/// Runs `effect` in the `test/effects` guest: prepared under a valid lease, performed after
+/// the stop; with `fenced`, the lease deadline passes just before the stop.
+async fn trial(effect: &str, fenced: bool, cache: &std::path::Path) -> Trial {
+    use std::io::Read;
+    use std::net::{TcpListener, TcpStream, UdpSocket};
+
+    let name = format!("fx-{effect}-{}", if fenced { "fenced" } else { "allowed" });
+    let (_dir, mut config) = setup(&[("test/effects", &name)]);
+    config.cache_dir = cache.to_owned();
+    // No epoch interruption during the trial: only the per-call check may stop the effect
+    // (an epoch trap right after the stop would hide a missing check).
+    config.epoch_tick = Duration::from_secs(3600);
+    let data = TempDir::new().unwrap();
+    std::fs::write(data.path().join("existing"), "orig").unwrap();
+    std::fs::create_dir(data.path().join("emptydir")).unwrap();
+
+    let free_port = || {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let udp = (effect == "udp-send").then(|| UdpSocket::bind("127.0.0.1:0").unwrap());
+    let listener = matches!(effect, "tcp-connect" | "tcp-write")
+        .then(|| TcpListener::bind("127.0.0.1:0").unwrap());
+    let addr = match (&udp, &listener) {
+        (Some(u), _) => u.local_addr().unwrap(),
+        (_, Some(l)) => l.local_addr().unwrap(),
+        _ => free_port(),
+    };
+    config.grants.insert(
+        name.clone(),
+        Grants {
+            dirs: vec![DirGrant {
+                host: data.path().to_owned(),
+                guest: "/data".into(),
+                read_only: false,
+            }],
+            env: vec![
+                ("EFFECT".into(), effect.into()),
+                ("EFFECT_ADDR".into(), addr.to_string()),
+            ],
+            network: true,
+        },
+    );
+    let (services, errors) = WasmServices::load(config).unwrap();
+    assert!(errors.is_empty(), "{errors:?}");
+    let clock = Arc::new(SystemClock::local());
+    let (move_deadline, deadline) =
+        LeaseDeadline::manual(clock.clone(), clock.now().after(Duration::from_secs(3600)));
+    let l = lease(deadline).await;
+    let running = services.start(l.ctx.clone()).await.unwrap();
+    until(&format!("{name} is ready"), async || {
+        kv(&l.store, &name, "ready").await.is_some()
+    })
+    .await;
+    let before = snapshot(data.path());
+    // The guest connected before the stop: take its connection off the queue.
+    let server = (effect == "tcp-write").then(|| listener.as_ref().unwrap().accept().unwrap().0);
+    let client = (effect == "tcp-accept").then(|| TcpStream::connect(addr).unwrap());
+
+    if fenced {
+        move_deadline.send(clock.now()).unwrap();
+    }
+    l.ctx.stopping.cancel();
+    // Returns once the guest is gone: the effect was performed or refused by then.
+    running.stop().await;
+
+    // `run` came back, before or after the supervisor saw the stop.
+    let returned = logs::count(&name, "service returned") > 0
+        || logs::count_with(&name, "stopped within grace", "outcome=Returned") > 0;
+    let refused = logs::count(&name, "lease deadline passed") > 0;
+    let read_one = |mut s: TcpStream| {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut buf = [0u8; 8];
+        s.read(&mut buf)
+    };
+    let seen = match effect {
+        "tcp-bind" | "tcp-listen" | "stream-flush" => None,
+        "udp-send" => {
+            let udp = udp.unwrap();
+            udp.set_nonblocking(true).unwrap();
+            Some(udp.recv(&mut [0u8; 8]).is_ok())
+        }
+        "tcp-connect" => {
+            let listener = listener.unwrap();
+            listener.set_nonblocking(true).unwrap();
+            Some(listener.accept().is_ok())
+        }
+        // Bytes arrived, or the guest's socket closed with nothing sent.
+        "tcp-write" => Some(read_one(server.unwrap()).unwrap() > 0),
+        // An accepted connection is closed with the guest (end of stream); one never
+        // accepted is reset with the guest's listener.
+        "tcp-accept" => Some(read_one(client.unwrap()).is_ok()),
+        _ => Some(snapshot(data.path()) != before),
+    };
+    Trial {
+        returned,
+        refused,
+        seen,
+    }
+}
+
+/// SPEC §6: every effect a grant allows is checked against the lease deadline per call. Each
+/// effect runs twice: with a valid lease it happens (so the trial can see it), past the
+/// deadline it is refused at the call and nothing is written, sent, or connected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_granted_effect_is_refused_at_the_call_past_the_deadline() {
+    let cache = TempDir::new().unwrap();
+    let mut failures = Vec::new();
+    for effect in EFFECTS {
+        let allowed = trial(effect, false, cache.path()).await;
+        if !allowed.returned || allowed.refused || allowed.seen == Some(false) {
+            failures.push(format!("{effect} with a valid lease: {allowed:?}"));
+        }
+        let fenced = trial(effect, true, cache.path()).await;
+        if fenced.returned || !fenced.refused || fenced.seen == Some(true) {
+            failures.push(format!("{effect} past the deadline: {fenced:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

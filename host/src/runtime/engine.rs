@@ -1,8 +1,7 @@
 //! The wasmtime engine shared by every service, and the epoch ticker that lets the host
 //! interrupt any guest (SPEC §6: CPU preemption).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -38,29 +37,29 @@ pub(crate) fn build(config: &RuntimeConfig) -> Result<Engine, RuntimeError> {
 }
 
 /// A thread that increments the engine's epoch every `tick`, so every store's epoch deadline
-/// is reached within one tick. Dropping it stops and joins the thread.
+/// is reached within one tick. Dropping it stops and joins the thread at once, however long
+/// the tick.
 pub(crate) struct EpochTicker {
-    stop: Arc<AtomicBool>,
+    /// Dropped to stop the thread: its wait for the next tick ends on the disconnect.
+    stop: Option<mpsc::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl EpochTicker {
     /// Starts ticking `engine` every `tick`.
     pub(crate) fn start(engine: &Engine, tick: Duration) -> Result<Self, RuntimeError> {
-        let stop = Arc::new(AtomicBool::new(false));
+        let (stop, stopped) = mpsc::channel::<()>();
         let engine = engine.clone();
-        let flag = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
             .name("vvm-epoch".into())
             .spawn(move || {
-                while !flag.load(Ordering::Relaxed) {
-                    std::thread::sleep(tick);
+                while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(tick) {
                     engine.increment_epoch();
                 }
             })
             .map_err(RuntimeError::Ticker)?;
         Ok(Self {
-            stop,
+            stop: Some(stop),
             thread: Some(thread),
         })
     }
@@ -68,9 +67,9 @@ impl EpochTicker {
 
 impl Drop for EpochTicker {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        drop(self.stop.take());
         if let Some(thread) = self.thread.take() {
-            // The thread only sleeps and increments: it cannot panic, and ends within a tick.
+            // The thread only waits and increments: it cannot panic, and ends on the drop.
             let _ = thread.join();
         }
     }
@@ -87,7 +86,7 @@ mod tests {
             ..RuntimeConfig::new("/nonexistent")
         })
         .unwrap();
-        let ticker = EpochTicker::start(&engine, Duration::from_millis(1)).unwrap();
+        let ticker = EpochTicker::start(&engine, Duration::from_secs(3600)).unwrap();
         let thread = ticker.thread.as_ref().unwrap().thread().clone();
         assert_eq!(thread.name(), Some("vvm-epoch"));
         let started = std::time::Instant::now();

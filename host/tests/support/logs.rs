@@ -17,6 +17,8 @@ pub struct Line {
     pub stream: Option<String>,
     /// The message.
     pub message: String,
+    /// Every other field, as ` name=value`.
+    pub fields: String,
 }
 
 static LINES: Mutex<Vec<Line>> = Mutex::new(Vec::new());
@@ -28,6 +30,7 @@ struct Fields {
     service: Option<String>,
     stream: Option<String>,
     message: String,
+    rest: String,
 }
 
 impl Visit for Fields {
@@ -36,7 +39,7 @@ impl Visit for Fields {
             "service" => self.service = Some(value.to_owned()),
             "stream" => self.stream = Some(value.to_owned()),
             "message" => self.message = value.to_owned(),
-            _ => {}
+            other => self.rest.push_str(&format!(" {other}={value}")),
         }
     }
 
@@ -44,7 +47,7 @@ impl Visit for Fields {
         match field.name() {
             "service" => self.service = Some(format!("{value:?}")),
             "message" => self.message = format!("{value:?}"),
-            _ => {}
+            other => self.rest.push_str(&format!(" {other}={value:?}")),
         }
     }
 }
@@ -60,6 +63,7 @@ impl<S: tracing::Subscriber> Layer<S> for Capture {
                 service: fields.service,
                 stream: fields.stream,
                 message: fields.message,
+                fields: fields.rest,
             });
     }
 }
@@ -91,10 +95,18 @@ pub fn of(service: &str) -> Vec<Line> {
         .collect()
 }
 
-/// How many lines of `service` contain `text`.
+/// How many lines of `service` contain `text` in their message.
 pub fn count(service: &str, text: &str) -> usize {
     of(service)
         .iter()
         .filter(|l| l.message.contains(text))
+        .count()
+}
+
+/// How many lines of `service` have the message `message` and a field `name=value` (as Debug).
+pub fn count_with(service: &str, message: &str, field: &str) -> usize {
+    of(service)
+        .iter()
+        .filter(|l| l.message.contains(message) && l.fields.contains(field))
         .count()
 }
