@@ -104,24 +104,27 @@ impl Killer {
             was_armed
         };
         self.shared.wake.notify_all();
+        {
+            let mut thread = self.thread.lock().unwrap_or_else(PoisonError::into_inner);
+            if thread.as_ref().is_none_or(JoinHandle::is_finished) {
+                let shared = Arc::clone(&self.shared);
+                match std::thread::Builder::new()
+                    .name("vvm-killer".into())
+                    .spawn(move || watch(&shared))
+                {
+                    Ok(handle) => *thread = Some(handle),
+                    // Without the thread there is no guarantee left to give: stop here.
+                    Err(_) => (self.shared.action)(Duration::ZERO),
+                }
+            }
+        }
+        // Logged last: a stalled log pipe may block this call, but not the armed killer.
         if !was_armed {
             let in_ms = deadline
                 .left_from(self.shared.clock.now())
                 .unwrap_or_default()
                 .as_millis();
             tracing::info!(in_ms, "killer armed");
-        }
-        let mut thread = self.thread.lock().unwrap_or_else(PoisonError::into_inner);
-        if thread.as_ref().is_none_or(JoinHandle::is_finished) {
-            let shared = Arc::clone(&self.shared);
-            match std::thread::Builder::new()
-                .name("vvm-killer".into())
-                .spawn(move || watch(&shared))
-            {
-                Ok(handle) => *thread = Some(handle),
-                // Without the thread there is no guarantee left to give: stop here.
-                Err(_) => (self.shared.action)(Duration::ZERO),
-            }
         }
     }
 

@@ -603,3 +603,59 @@ async fn a_suspend_longer_than_the_lease_passes_the_deadline_and_fires_the_kille
     }
     assert!(f.killer.has_fired());
 }
+
+/// Child: a tracing subscriber on stderr (as the binary has), stderr a full pipe nobody reads,
+/// and another thread holding the stderr lock. The real killer must still end the process with
+/// its exit code, promptly: firing may not log through tracing, take a lock, or block.
+#[test]
+fn the_real_killer_ends_a_process_whose_stderr_is_blocked() {
+    use std::os::fd::OwnedFd;
+    use vvm_host::clock::Clock;
+
+    const DEADLINE: Duration = Duration::from_millis(300);
+    if common::is_child() {
+        tracing_subscriber::fmt().with_writer(std::io::stderr).init();
+        let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _held = std::io::stderr().lock();
+            locked_tx.send(()).unwrap();
+            std::thread::sleep(Duration::from_secs(3600));
+        });
+        locked_rx.recv().unwrap();
+        let clock = Arc::new(SystemClock::local());
+        let killer = Killer::new(clock.clone());
+        let deadline = clock.now().after(DEADLINE);
+        println!("deadline_ns={}", deadline.since_boot.as_nanos());
+        killer.arm(deadline);
+        std::thread::sleep(Duration::from_secs(30));
+        println!("still alive");
+        std::process::exit(0);
+    }
+    // A pipe filled to the brim, whose read end stays open and unread.
+    let (read_end, write_end) = rustix::pipe::pipe().unwrap();
+    rustix::fs::fcntl_setfl(&write_end, rustix::fs::OFlags::NONBLOCK).unwrap();
+    while rustix::io::write(&write_end, &[0u8; 4096]).is_ok() {}
+    rustix::fs::fcntl_setfl(&write_end, rustix::fs::OFlags::empty()).unwrap();
+    let name = "the_real_killer_ends_a_process_whose_stderr_is_blocked";
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env(common::CHILD_ENV, "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::from(OwnedFd::from(write_end)))
+        .spawn()
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let ended = SystemClock::local().now();
+    drop(read_end);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(KILLER_EXIT_CODE), "{stdout}");
+    assert!(!stdout.contains("still alive"));
+    let deadline = common::reported(&out.stdout, "deadline_ns").unwrap();
+    let late = Duration::from_nanos(
+        u64::try_from(ended.since_boot.as_nanos().saturating_sub(deadline)).unwrap(),
+    );
+    // The bound only catches a killer that blocks (the old one never ended); the figure is
+    // the measurement: a few milliseconds, mostly this parent noticing the exit.
+    println!("ended {late:?} after the deadline");
+    assert!(late < Duration::from_secs(5), "ended {late:?} after the deadline");
+}
