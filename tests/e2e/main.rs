@@ -6,6 +6,7 @@
 
 mod cli;
 mod etcd;
+mod fencing;
 #[path = "../../host/tests/support/guests.rs"]
 #[allow(dead_code)]
 mod guests;
@@ -136,13 +137,29 @@ fn standby_takes_over_after_a_killed_leader_lease_expires_not_before() {
     a.signal(Signal::KILL);
     a.wait_exit();
     let first = b.wait_for(&["tick 1:"]);
-    let waited = first.at.duration_since(last_write.at);
-    // The record was written at or before `last_write` was read; B may only take over once
-    // it has expired, which is at least L after the write started.
+    // A's record expires L after its last write started, and that write started before A
+    // logged it: B's first output comes at least L after A's last logged write, by the log
+    // timestamps of both (one wall clock). 5 ms covers the commit itself.
+    let gap = millis_between(&last_write, &first);
     assert!(
-        waited + Duration::from_millis(50) >= lease.mul_f64(0.75),
-        "B took over {waited:?} after A's last write: before the lease could expire"
+        gap + 5 >= i64::try_from(lease.as_millis()).unwrap(),
+        "B took over {gap} ms after A's last write: before the record could expire"
     );
+}
+
+/// Milliseconds from `a` to `b` by their log timestamps.
+fn millis_between(a: &Line, b: &Line) -> i64 {
+    let ms = |l: &Line| {
+        let v: serde_json::Value = serde_json::from_str(&l.text).unwrap();
+        let t = v["timestamp"].as_str().unwrap().to_owned();
+        // RFC 3339 UTC, e.g. 2026-11-23T19:26:56.991212Z: same day in a test, seconds of day.
+        let (h, rest) = t.split_once('T').unwrap().1.split_at(2);
+        let (m, rest) = rest[1..].split_at(2);
+        let secs: f64 = rest[1..].trim_end_matches('Z').parse().unwrap();
+        let total = h.parse::<f64>().unwrap() * 3600.0 + m.parse::<f64>().unwrap() * 60.0 + secs;
+        (total * 1000.0) as i64
+    };
+    ms(b) - ms(a)
 }
 
 #[test]
