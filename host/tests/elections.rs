@@ -452,6 +452,7 @@ fn check_invariant(lease: Duration, faults: Vec<Fault>, step: Duration) -> Resul
         f.store.script(Op::Cas, faults);
         let lead = f.elections.acquire(KEY, ME, lease).await.unwrap().unwrap();
         let mut previous = f.killer.deadline().unwrap();
+        let mut previous_check = Instant::now();
         let end = Instant::now() + lease * 4;
         while Instant::now() < end {
             sleep(step).await;
@@ -473,7 +474,10 @@ fn check_invariant(lease: Duration, faults: Vec<Fault>, step: Duration) -> Resul
             }
             if armed > previous
                 && !f.store.calls().iter().any(|c| {
-                    c.op == Op::Cas && c.result == Some(Ok(true)) && c.end.is_some_and(|e| e <= now)
+                    // A write that succeeded since the previous check, not any earlier one.
+                    c.op == Op::Cas
+                        && c.result == Some(Ok(true))
+                        && c.end.is_some_and(|e| previous_check <= e && e <= now)
                 })
             {
                 return Err("moved later without a successful write".into());
@@ -497,6 +501,7 @@ fn check_invariant(lease: Duration, faults: Vec<Fault>, step: Duration) -> Resul
                 }
             }
             previous = armed;
+            previous_check = now;
         }
         f.elections.cleanup().await;
         f.killer.disarm();

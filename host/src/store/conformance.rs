@@ -54,6 +54,7 @@ macro_rules! suite {
             expiry_is_inclusive, expired_record_is_absent_for_every_operation,
             terms_increase_across_delete_expire_and_reopen, get_reports_time_left,
             records_from_before_a_reboot_are_expired, kv_writes_are_fenced_by_term,
+            a_stale_writer_racing_a_takeover_never_lands_after_the_new_one,
             wait_released_wakes_on_delete);
     };
     // `optional: expr` takes an `Option` of a backend; `None` (e.g. a missing server binary,
@@ -318,6 +319,74 @@ pub(crate) async fn kv_writes_are_fenced_by_term<B: Backend>(b: &mut B) {
         s.kv_get("svc", "x").await.unwrap().as_deref(),
         Some(&b"2"[..])
     );
+}
+
+/// Two writers race from separate threads: the old leader keeps writing under its term while
+/// a takeover happens and the new leader writes under the new term, reading back after each
+/// write. A stale write must never land after a write of the newer term.
+pub(crate) async fn a_stale_writer_racing_a_takeover_never_lands_after_the_new_one<B: Backend>(
+    b: &mut B,
+) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let clock = ManualClock::default();
+    let s = Arc::new(b.open(&clock).await);
+    let t1 = s.insert_if_absent("k", "a", B::TTL).await.unwrap().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let old_writer = std::thread::spawn({
+        let (s, stop) = (Arc::clone(&s), Arc::clone(&stop));
+        move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let old = Fence {
+                    lease_key: "k",
+                    term: t1,
+                };
+                let (mut landed, mut refused) = (0u32, 0u32);
+                for i in 0u64.. {
+                    if stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let value = format!("old {i}");
+                    match s.kv_set(&old, "svc", "x", value.as_bytes()).await {
+                        Ok(true) => landed += 1,
+                        Ok(false) => refused += 1,
+                        Err(_) => {}
+                    }
+                }
+                (landed, refused)
+            })
+        }
+    });
+    // The old writer is under way before the takeover.
+    while s.kv_get("svc", "x").await.unwrap().is_none() {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(s.compare_and_delete("k", "a").await.unwrap());
+    let t2 = s.insert_if_absent("k", "b", B::TTL).await.unwrap().unwrap();
+    let new = Fence {
+        lease_key: "k",
+        term: t2,
+    };
+    for j in 0..40 {
+        let value = format!("new {j}");
+        assert!(s.kv_set(&new, "svc", "x", value.as_bytes()).await.unwrap());
+        let read = s.kv_get("svc", "x").await.unwrap().unwrap();
+        assert_eq!(
+            String::from_utf8(read).unwrap(),
+            value,
+            "a stale write landed after the new term's"
+        );
+    }
+    stop.store(true, Ordering::SeqCst);
+    let (landed, refused) = tokio::task::spawn_blocking(move || old_writer.join().unwrap())
+        .await
+        .unwrap();
+    assert!(landed > 0, "the old writer wrote before the takeover");
+    assert!(refused > 0, "the old writer kept trying after it");
 }
 
 pub(crate) async fn wait_released_wakes_on_delete<B: Backend>(b: &mut B) {
