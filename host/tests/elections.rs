@@ -614,12 +614,13 @@ async fn a_suspend_longer_than_the_lease_passes_the_deadline_and_fires_the_kille
 /// its exit code, promptly: firing may not log through tracing, take a lock, or block.
 #[test]
 fn the_real_killer_ends_a_process_whose_stderr_is_blocked() {
-    use std::os::fd::OwnedFd;
     use vvm_host::clock::Clock;
 
     const DEADLINE: Duration = Duration::from_millis(300);
     if common::is_child() {
-        tracing_subscriber::fmt().with_writer(std::io::stderr).init();
+        tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .init();
         let (locked_tx, locked_rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let _held = std::io::stderr().lock();
@@ -646,7 +647,7 @@ fn the_real_killer_ends_a_process_whose_stderr_is_blocked() {
         .args(["--exact", name, "--nocapture", "--test-threads=1"])
         .env(common::CHILD_ENV, "1")
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::from(OwnedFd::from(write_end)))
+        .stderr(std::process::Stdio::from(write_end))
         .spawn()
         .unwrap();
     let out = child.wait_with_output().unwrap();
@@ -662,5 +663,8 @@ fn the_real_killer_ends_a_process_whose_stderr_is_blocked() {
     // The bound only catches a killer that blocks (the old one never ended); the figure is
     // the measurement: a few milliseconds, mostly this parent noticing the exit.
     println!("ended {late:?} after the deadline");
-    assert!(late < Duration::from_secs(5), "ended {late:?} after the deadline");
+    assert!(
+        late < Duration::from_secs(5),
+        "ended {late:?} after the deadline"
+    );
 }

@@ -23,10 +23,7 @@ fn journal_dir() -> tempfile::TempDir {
     std::fs::create_dir(&data).unwrap();
     std::fs::write(
         dir.path().join("vvm.toml"),
-        format!(
-            "[service.journal]\ndirs = [\"{}:/data\"]\n",
-            data.display()
-        ),
+        format!("[service.journal]\ndirs = [\"{}:/data\"]\n", data.display()),
     )
     .unwrap();
     dir
@@ -78,7 +75,12 @@ fn logged(host: &Host) -> Vec<(String, u64)> {
         .filter_map(|l: &Line| {
             let v: serde_json::Value = serde_json::from_str(&l.text).ok()?;
             let msg = v["fields"]["message"].as_str()?;
-            let term = msg.strip_prefix("journal ")?.split(' ').next()?.parse().ok()?;
+            let term = msg
+                .strip_prefix("journal ")?
+                .split(' ')
+                .next()?
+                .parse()
+                .ok()?;
             Some((v["timestamp"].as_str()?.to_owned(), term))
         })
         .collect()
@@ -113,7 +115,11 @@ fn terms_in_a_granted_file_never_go_down_when_a_stopped_leader_resumes() {
     let terms: std::collections::BTreeSet<u64> = lines.iter().map(|l| l.0).collect();
     assert!(terms.len() >= 2, "both hosts wrote: {terms:?}");
     assert_eq!(term_drops(&lines), vec![], "a term went down in the file");
-    assert_eq!(log_overlaps(&[&a, &b]), 0, "a lower term was logged after a higher one");
+    assert_eq!(
+        log_overlaps(&[&a, &b]),
+        0,
+        "a lower term was logged after a higher one"
+    );
 }
 
 /// A small xorshift generator: the soak's faults are random but reproducible from the seed.
@@ -156,7 +162,10 @@ fn soak(faults: usize) {
     let mut ended: Vec<Host> = Vec::new();
     let started = Instant::now();
     while hosts.iter().all(|h| logged(h).is_empty()) {
-        assert!(started.elapsed() < Duration::from_secs(60), "no host started the guest");
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no host started the guest"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let (mut kills, mut stops, mut terms) = (0, 0, 0);
@@ -214,7 +223,10 @@ fn soak(faults: usize) {
         drops.len()
     );
     assert_eq!(drops, vec![], "seed {seed}: a term went down in the file");
-    assert_eq!(overlaps, 0, "seed {seed}: a lower term was logged after a higher one");
+    assert_eq!(
+        overlaps, 0,
+        "seed {seed}: a lower term was logged after a higher one"
+    );
 }
 
 #[test]
