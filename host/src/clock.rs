@@ -43,6 +43,13 @@ impl Timestamp {
     }
 }
 
+/// `now + d` on tokio's clock without overflow: a `d` beyond the clock's range (a setting
+/// of years, `Duration::MAX`) gives a moment a century away, which nothing waits for.
+pub fn tokio_after(now: tokio::time::Instant, d: Duration) -> tokio::time::Instant {
+    now.checked_add(d)
+        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600))
+}
+
 /// A source of [`Timestamp`]s. Shared by the stores, elections and killer of one process, and
 /// read from any thread (the killer's included).
 pub trait Clock: Send + Sync + 'static {

@@ -159,24 +159,91 @@ mod opt_duration {
     }
 }
 
-/// Checks the relations between settings that each parse fine alone.
+/// The shortest lease: renewal runs every `L/4` and retries `L/20` apart.
+pub const MIN_LEASE: Duration = Duration::from_millis(100);
+/// The longest lease: a crashed leader's slot stays taken this long. Past a day a lease only
+/// hides a dead host; it also keeps every deadline far from any clock's limits.
+pub const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
+/// The longest acquisition timeout: 30 days (the shortest is [`MIN_LEASE`]).
+pub const MAX_ACQUISITION_TIMEOUT: Duration = Duration::from_secs(30 * 24 * 3600);
+/// The longest grace period: the lease's record and the killer wait for it on shutdown.
+pub const MAX_GRACE_PERIOD: Duration = Duration::from_secs(3600);
+/// The largest memory cap per instance: all a 32-bit Wasm memory can address.
+pub const MAX_MEMORY_LIMIT_MIB: u64 = 4096;
+/// The largest cluster size: every standby tries every slot each round.
+pub const MAX_CLUSTER_SIZE: u32 = 1024;
+
+/// The values [`validate`] bounds.
+#[derive(Clone, Copy, Debug)]
+pub struct Bounded {
+    /// Cluster size N.
+    pub cluster_size: u32,
+    /// Lease duration L.
+    pub lease: Duration,
+    /// Acquisition timeout.
+    pub acquisition_timeout: Duration,
+    /// Grace period.
+    pub grace_period: Duration,
+    /// Memory cap per instance, MiB.
+    pub memory_limit_mib: u64,
+}
+
+/// Checks every bounded setting and the relations between settings that each parse fine
+/// alone.
 ///
 /// # Errors
-/// When the cluster size is zero or the lease is too short to renew.
-pub fn validate(cluster_size: u32, lease: Duration) -> Result<(), ConfigError> {
-    if cluster_size == 0 {
-        return Err(ConfigError::Invalid {
-            name: "cluster-size",
-            reason: "must be at least 1".into(),
-        });
+/// Naming the setting and the bound it breaks.
+pub fn validate(v: &Bounded) -> Result<(), ConfigError> {
+    let invalid = |name: &'static str, reason: String| Err(ConfigError::Invalid { name, reason });
+    if v.cluster_size == 0 || v.cluster_size > MAX_CLUSTER_SIZE {
+        return invalid(
+            "cluster-size",
+            format!("{} is out of range 1..={MAX_CLUSTER_SIZE}", v.cluster_size),
+        );
     }
-    if lease < Duration::from_millis(100) {
-        return Err(ConfigError::Invalid {
-            name: "lease",
-            reason: format!("{lease:?} is too short; at least 100ms"),
-        });
+    let durations = [
+        ("lease", v.lease, MIN_LEASE, MAX_LEASE),
+        (
+            "acquisition-timeout",
+            v.acquisition_timeout,
+            MIN_LEASE,
+            MAX_ACQUISITION_TIMEOUT,
+        ),
+        (
+            "grace-period",
+            v.grace_period,
+            Duration::ZERO,
+            MAX_GRACE_PERIOD,
+        ),
+    ];
+    for (name, value, min, max) in durations {
+        if value < min {
+            return invalid(
+                name,
+                format!("{} is too short; at least {}", show(value), show(min)),
+            );
+        }
+        if value > max {
+            return invalid(
+                name,
+                format!("{} is too long; at most {}", show(value), show(max)),
+            );
+        }
+    }
+    if v.memory_limit_mib == 0 || v.memory_limit_mib > MAX_MEMORY_LIMIT_MIB {
+        return invalid(
+            "memory-limit-mib",
+            format!(
+                "{} is out of range 1..={MAX_MEMORY_LIMIT_MIB}",
+                v.memory_limit_mib
+            ),
+        );
     }
     Ok(())
+}
+
+fn show(d: Duration) -> humantime::FormattedDuration {
+    humantime::format_duration(d)
 }
 
 #[cfg(test)]
@@ -237,10 +304,69 @@ env = ["A=1"]
         assert!(err.contains("absent.toml"), "{err}");
     }
 
+    fn bounded(lease: Duration) -> Bounded {
+        Bounded {
+            cluster_size: 1,
+            lease,
+            acquisition_timeout: Duration::from_secs(120),
+            grace_period: Duration::from_secs(5),
+            memory_limit_mib: 64,
+        }
+    }
+
     #[test]
-    fn relations_are_checked() {
-        assert!(validate(0, Duration::from_secs(20)).is_err());
-        assert!(validate(1, Duration::from_millis(10)).is_err());
-        assert!(validate(1, Duration::from_secs(20)).is_ok());
+    fn relations_and_bounds_are_checked() {
+        let ok = bounded(Duration::from_secs(20));
+        assert!(validate(&ok).is_ok());
+        assert!(validate(&bounded(Duration::from_millis(10))).is_err());
+        let cases = [
+            (
+                "cluster-size",
+                Bounded {
+                    cluster_size: 0,
+                    ..ok
+                },
+            ),
+            (
+                "cluster-size",
+                Bounded {
+                    cluster_size: MAX_CLUSTER_SIZE + 1,
+                    ..ok
+                },
+            ),
+            ("lease", bounded(MAX_LEASE + Duration::from_secs(1))),
+            (
+                "acquisition-timeout",
+                Bounded {
+                    acquisition_timeout: Duration::MAX,
+                    ..ok
+                },
+            ),
+            (
+                "grace-period",
+                Bounded {
+                    grace_period: Duration::MAX,
+                    ..ok
+                },
+            ),
+            (
+                "memory-limit-mib",
+                Bounded {
+                    memory_limit_mib: 0,
+                    ..ok
+                },
+            ),
+            (
+                "memory-limit-mib",
+                Bounded {
+                    memory_limit_mib: u64::MAX,
+                    ..ok
+                },
+            ),
+        ];
+        for (name, v) in cases {
+            let err = validate(&v).unwrap_err().to_string();
+            assert!(err.contains(name), "{v:?}: {err}");
+        }
     }
 }

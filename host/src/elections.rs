@@ -123,6 +123,8 @@ struct Held {
     /// Start of the last successful write + 0.8·L. Unlike the guests' deadline it is not
     /// pulled in on loss: the killer waits for it while the shutdown sequence runs.
     written_until: Timestamp,
+    /// The guests' deadline, pulled in to *now* before the record is deleted.
+    deadline: watch::Sender<Timestamp>,
     stop: CancellationToken,
     lost: CancellationToken,
     renewal: JoinHandle<()>,
@@ -238,7 +240,7 @@ impl Elections {
                     value: value.to_owned(),
                     lease,
                     last_start: start,
-                    deadline: deadline_tx,
+                    deadline: deadline_tx.clone(),
                     stop: stop.clone(),
                     lost: lost.clone(),
                 }));
@@ -246,6 +248,7 @@ impl Elections {
                     value: value.to_owned(),
                     lease,
                     written_until: until,
+                    deadline: deadline_tx,
                     stop,
                     lost: lost.clone(),
                     renewal,
@@ -269,13 +272,16 @@ impl Elections {
         }))
     }
 
-    /// Releases `key`: deletes our record, fires *lost*, and waits for the renewal loop to
-    /// end. Releasing a key this instance does not hold is a no-op.
+    /// Releases `key`: passes the guests' deadline, deletes our record, fires *lost*, and
+    /// waits for the renewal loop to end. Releasing a key this instance does not hold is a no-op.
     pub async fn release(&self, key: &str) {
         let Some(held) = self.lock().held.remove(key) else {
             return;
         };
         held.stop.cancel();
+        // Whatever still runs under this lease (nothing, after an orderly shutdown) has no
+        // effect from here on: the record is about to go, and another host may take it.
+        held.deadline.send_replace(self.clock.now());
         self.delete_bounded(key, &held.value, held.lease).await;
         held.lost.cancel();
         // The loop ends at its next await point; it never panics on its own.

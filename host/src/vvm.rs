@@ -41,6 +41,9 @@ pub enum Problem {
     /// The store failed in a way retrying cannot fix.
     #[error("store: {0}")]
     Store(String),
+    /// A bug: the launcher panicked. The lease was released and the services dropped.
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 /// Reports problems to a VVM: the first report wins and fires the problem signal; later ones
@@ -188,15 +191,45 @@ impl Vvm {
         let problems = ProblemReporter::default();
         let shutdown = CancellationToken::new();
         let (state_tx, state) = watch::channel(VvmState::Campaigning);
-        let launcher = tokio::spawn(
+        let elections = Elections::new(
+            Arc::clone(&self.store),
+            Arc::clone(&self.killer),
+            Arc::clone(&self.clock),
+        );
+        let killer = Arc::clone(&self.killer);
+        let run = tokio::spawn(
             Launcher {
                 vvm: self,
+                elections: Arc::clone(&elections),
                 problems: problems.clone(),
                 shutdown: shutdown.clone(),
-                state: state_tx,
+                state: state_tx.clone(),
             }
             .run(),
         );
+        // A panic in the launcher is a bug, but it must not leave a held record behind (or a
+        // hang): report it, release everything, and end as a shutdown would.
+        let launcher = tokio::spawn({
+            let problems = problems.clone();
+            async move {
+                let Err(e) = run.await else { return };
+                let message = match e.try_into_panic() {
+                    Ok(panic) => panic
+                        .downcast_ref::<&str>()
+                        .map(|s| (*s).to_owned())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "launcher panicked".to_owned()),
+                    Err(e) => e.to_string(),
+                };
+                tracing::error!(%message, "launcher panicked; releasing the lease");
+                problems.report(Problem::Internal(message));
+                // Unwinding dropped the services: their supervisors are aborted, and the
+                // release passes the guests' deadline before it deletes the record.
+                elections.cleanup().await;
+                killer.disarm();
+                state_tx.send_replace(VvmState::ShutDown);
+            }
+        });
         LaunchedVvm {
             problems,
             shutdown,
@@ -239,6 +272,7 @@ impl LaunchedVvm {
 /// The launcher task: campaign, monitor, services, then the ordered shutdown.
 struct Launcher {
     vvm: Vvm,
+    elections: Arc<Elections>,
     problems: ProblemReporter,
     shutdown: CancellationToken,
     state: watch::Sender<VvmState>,
@@ -251,9 +285,9 @@ impl Launcher {
             store,
             services,
             killer,
-            clock,
+            ..
         } = &self.vvm;
-        let elections = Elections::new(Arc::clone(store), Arc::clone(killer), Arc::clone(clock));
+        let elections = &self.elections;
         let mut monitor = None;
         let mut running = None;
         // Shutdown may come while a store call hangs: stop campaigning at once. An insert
@@ -261,7 +295,7 @@ impl Launcher {
         let campaign = tokio::select! {
             biased;
             () = self.shutdown.cancelled() => Ok(None),
-            campaign = self.campaign(&elections) => campaign,
+            campaign = self.campaign(elections) => campaign,
         };
         match campaign {
             // A slot won just as shutdown began: start nothing, the cleanup below releases it.
@@ -339,7 +373,7 @@ impl Launcher {
         elections: &Arc<Elections>,
     ) -> Result<Option<(u32, Leadership)>, Problem> {
         let Vvm { config, store, .. } = &self.vvm;
-        let give_up_at = Instant::now() + config.acquisition_timeout;
+        let give_up_at = crate::clock::tokio_after(Instant::now(), config.acquisition_timeout);
         tracing::info!(
             slots = config.cluster_size,
             holder = config.holder,

@@ -210,6 +210,38 @@ async fn a_service_that_fails_to_start_is_a_problem() {
     assert_eq!(h.killer.deadline(), None);
 }
 
+/// A bug that panics the launcher must not leave a held record (or a hang) behind: it is a
+/// problem, the guests' deadline passes, the lease is released and the killer disarmed.
+#[tokio::test(start_paused = true)]
+async fn a_panic_in_the_launcher_is_a_problem_and_releases_the_lease() {
+    let mem = mem_store();
+    let journal = Journal::default();
+    let b = Behaviour {
+        panic_start: true,
+        ..Behaviour::default()
+    };
+    let h = launch_with(&mem, &journal, config("a", 1), b);
+    let problem = h.vvm.problems().wait().await;
+    assert!(
+        matches!(&problem, Problem::Internal(m) if m.contains("start panics")),
+        "{problem:?}"
+    );
+    let mut state = h.vvm.state();
+    state.wait_for(|s| *s == VvmState::ShutDown).await.unwrap();
+    assert_eq!(
+        record(&mem, 1).await,
+        None,
+        "released without a shutdown call"
+    );
+    assert_eq!(h.killer.deadline(), None);
+    let ctx = h.services.last_context().unwrap();
+    assert!(
+        ctx.deadline.has_passed(),
+        "no guest effect after the release"
+    );
+    assert_eq!(shut(h.vvm).await, Some(problem));
+}
+
 #[tokio::test(start_paused = true)]
 async fn leadership_loss_is_a_problem_and_tells_the_services_to_stop() {
     let mem = mem_store();

@@ -153,6 +153,10 @@ impl Settings {
             .clone()
             .or(file.services)
             .unwrap_or_else(|| "services".into());
+        let memory_limit_mib = serve
+            .and_then(|s| s.memory_limit_mib)
+            .or(file.memory_limit_mib)
+            .unwrap_or(64);
         let settings = Self {
             store: store
                 .store
@@ -180,11 +184,7 @@ impl Settings {
                 .and_then(|s| s.grace_period)
                 .or(file.grace_period)
                 .unwrap_or(Duration::from_secs(5)),
-            memory_limit: serve
-                .and_then(|s| s.memory_limit_mib)
-                .or(file.memory_limit_mib)
-                .unwrap_or(64)
-                .saturating_mul(1 << 20),
+            memory_limit: memory_limit_mib.saturating_mul(1 << 20),
             cache_dir: serve
                 .and_then(|s| s.cache_dir.clone())
                 .or(file.cache_dir)
@@ -192,7 +192,13 @@ impl Settings {
             services,
             grants: file.service,
         };
-        config::validate(settings.cluster_size, settings.lease)?;
+        config::validate(&config::Bounded {
+            cluster_size: settings.cluster_size,
+            lease: settings.lease,
+            acquisition_timeout: settings.acquisition_timeout,
+            grace_period: settings.grace_period,
+            memory_limit_mib,
+        })?;
         Ok(settings)
     }
 
@@ -303,6 +309,101 @@ pub async fn run(cli: Cli) -> ExitCode {
             // One clear line, then a non-zero exit.
             eprintln!("vvm-host: error: {e:#}");
             ExitCode::from(EXIT_SETUP)
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Duration texts a user might type, from sensible to absurd.
+    fn duration_text() -> impl Strategy<Value = String> {
+        let unit = prop::sample::select(vec!["ns", "ms", "s", "m", "h", "d", "w", "y", ""]);
+        prop_oneof![
+            (any::<u64>(), unit.clone()).prop_map(|(n, u)| format!("{n}{u}")),
+            (0u64..100_000, unit).prop_map(|(n, u)| format!("{n}{u}")),
+            "[-0-9a-z. ]{0,12}",
+        ]
+    }
+
+    /// Resolves settings from `vvm.toml` text and then from flags; returns both outcomes.
+    fn resolve_both(file: &str, flags: &[&str]) -> [Result<Settings, String>; 2] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("vvm.toml");
+        std::fs::write(&path, file).unwrap();
+        let from_file = {
+            let args = ["vvm-host", "serve", "--config", path.to_str().unwrap()];
+            let Command::Serve(serve) = Cli::try_parse_from(args).unwrap().command else {
+                unreachable!()
+            };
+            Settings::resolve(&serve.store, Some(&serve)).map_err(|e| e.to_string())
+        };
+        let from_flags = {
+            let none = dir.path().join("empty.toml");
+            std::fs::write(&none, "").unwrap();
+            let mut args = vec!["vvm-host", "serve", "--config", none.to_str().unwrap()];
+            args.extend_from_slice(flags);
+            match Cli::try_parse_from(args) {
+                Ok(Cli {
+                    command: Command::Serve(serve),
+                    ..
+                }) => Settings::resolve(&serve.store, Some(&serve)).map_err(|e| e.to_string()),
+                Ok(_) => unreachable!(),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        [from_file, from_flags]
+    }
+
+    fn within_bounds(s: &Settings) -> bool {
+        (1..=config::MAX_CLUSTER_SIZE).contains(&s.cluster_size)
+            && (config::MIN_LEASE..=config::MAX_LEASE).contains(&s.lease)
+            && s.acquisition_timeout <= config::MAX_ACQUISITION_TIMEOUT
+            && s.grace_period <= config::MAX_GRACE_PERIOD
+            && (1..=config::MAX_MEMORY_LIMIT_MIB << 20).contains(&s.memory_limit)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// SPEC §8: no setting can make the host panic or hang. Whatever a flag or the file
+        /// says, resolving either refuses it with a message naming the setting, or gives
+        /// values within every bound. (The environment goes through the same parsers as the
+        /// flags, by clap; it is process-wide, so not varied in parallel tests.)
+        #[test]
+        fn any_setting_is_refused_by_name_or_within_bounds(
+            lease in duration_text(),
+            acquisition in duration_text(),
+            grace in duration_text(),
+            cluster in any::<u32>(),
+            memory in any::<u64>(),
+        ) {
+            let file = format!(
+                "lease = \"{lease}\"\nacquisition-timeout = \"{acquisition}\"\n\
+                 grace-period = \"{grace}\"\ncluster-size = {cluster}\n\
+                 memory-limit-mib = {memory}\n"
+            );
+            let (cluster, memory) = (cluster.to_string(), memory.to_string());
+            let flags = [
+                "--lease", &lease, "--acquisition-timeout", &acquisition,
+                "--grace-period", &grace, "--cluster-size", &cluster,
+                "--memory-limit-mib", &memory,
+            ];
+            for outcome in resolve_both(&file, &flags) {
+                match outcome {
+                    Ok(settings) => prop_assert!(within_bounds(&settings), "{settings:?}"),
+                    Err(message) => prop_assert!(
+                        ["lease", "acquisition", "grace", "cluster", "memory", "duration"]
+                            .iter()
+                            .any(|name| message.contains(name)),
+                        "{message}"
+                    ),
+                }
+            }
         }
     }
 }

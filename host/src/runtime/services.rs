@@ -164,10 +164,11 @@ impl RunningServices for Running {
         self.stop.cancel();
         // Each supervisor drops its instance once the grace period is over; this bound only
         // guards against a supervisor that does not end.
-        let joined = tokio::time::timeout(self.grace + Duration::from_secs(1), async {
-            while self.tasks.join_next().await.is_some() {}
-        })
-        .await;
+        let joined =
+            tokio::time::timeout(self.grace.saturating_add(Duration::from_secs(1)), async {
+                while self.tasks.join_next().await.is_some() {}
+            })
+            .await;
         if joined.is_err() {
             tracing::error!("services did not stop after their grace period; aborting them");
             self.tasks.abort_all();

@@ -321,7 +321,7 @@ impl TtlStore for RedbStore {
     /// not report writes), or should the watch miss an event, the counter is also polled,
     /// every [`FALLBACK_POLL`] or [`SAFETY_POLL`].
     async fn wait_released(&self, max: Duration) {
-        let deadline = tokio::time::Instant::now() + max;
+        let deadline = crate::clock::tokio_after(tokio::time::Instant::now(), max);
         let notified = self.inner.released.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();

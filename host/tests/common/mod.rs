@@ -324,6 +324,8 @@ pub struct Behaviour {
     pub ignore_stop: bool,
     /// Starting fails with this reason.
     pub fail_start: Option<String>,
+    /// Starting panics (a bug in the services' code) once they have started.
+    pub panic_start: bool,
 }
 
 /// A [`Services`] that records start and stop in the journal and counts running sets.
@@ -381,6 +383,7 @@ impl Services for RecordingServices {
             }
         }
         self.running.fetch_add(1, Ordering::SeqCst);
+        assert!(!self.behaviour.panic_start, "{} start panics", self.name);
         Ok(Box::new(Running {
             name: self.name.clone(),
             behaviour: self.behaviour.clone(),
