@@ -121,3 +121,82 @@ fn after_a_problem_the_host_shuts_down_and_campaigns_again() {
     host.signal(Signal::TERM);
     assert!(host.wait_exit().success());
 }
+
+/// SPEC §8: no process can stall another. While a leader serves with L = 1 s, `status` runs
+/// in a loop and is paused (SIGSTOP, as Ctrl-Z does) at a random moment of its short life, and
+/// a standby is paused at random; each is resumed after a while. The leader never loses its
+/// lease: read-only tools take no write lock, and every lock wait in the store is bounded.
+#[test]
+fn stopped_status_runs_and_a_stopped_standby_never_cost_the_leader_its_lease() {
+    use std::time::{Duration, Instant};
+
+    let trials: usize = std::env::var("VVM_STOP_TRIALS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(200);
+    let dir = cluster_dir();
+    let leader = serve("leader", dir.path(), "1s");
+    leader.wait_for(&["tick 1:"]);
+    let standby = serve("standby", dir.path(), "1s");
+    standby.wait_for(&["campaigning"]);
+    // A small xorshift generator: random moments, reproducible from the printed seed.
+    let mut seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as u64
+        | 1;
+    println!("stop trials: seed {seed}");
+    let mut below = |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let started = Instant::now();
+    for trial in 0..trials {
+        if trial % 2 == 0 {
+            let mut status = Command::new(BIN)
+                .arg("status")
+                .current_dir(dir.path())
+                .env("RUST_LOG", "off")
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            std::thread::sleep(Duration::from_micros(below(8000)));
+            let pid = rustix::process::Pid::from_raw(i32::try_from(status.id()).unwrap()).unwrap();
+            // The process may have ended already; then there is nothing to pause.
+            if rustix::process::kill_process(pid, Signal::STOP).is_ok() {
+                std::thread::sleep(Duration::from_millis(below(300)));
+                let _ = rustix::process::kill_process(pid, Signal::CONT);
+            }
+            status.wait().unwrap();
+        } else {
+            standby.signal(Signal::STOP);
+            std::thread::sleep(Duration::from_millis(below(1000)));
+            standby.signal(Signal::CONT);
+        }
+        assert!(
+            !leader.lines().iter().any(|l| l.text.contains("lost")),
+            "trial {trial}: the leader lost its lease"
+        );
+    }
+    println!(
+        "stop trials: {trials} in {:?}; the leader kept its lease",
+        started.elapsed()
+    );
+    let acquired: Vec<String> = leader
+        .lines()
+        .into_iter()
+        .filter(|l| l.text.contains("\"acquired\""))
+        .map(|l| l.text)
+        .collect();
+    assert_eq!(
+        acquired.len(),
+        1,
+        "the leader held one lease throughout: {acquired:#?}"
+    );
+    let mut leader = leader;
+    leader.signal(Signal::TERM);
+    assert!(leader.wait_exit().success(), "the leader was never killed");
+}

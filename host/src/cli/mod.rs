@@ -217,11 +217,13 @@ impl Settings {
         Ok(config)
     }
 
-    /// Opens the configured store: etcd for an `etcd://` URL, else a redb file.
+    /// Opens the configured store: etcd for an `etcd://` URL, else a redb file. With
+    /// `read_only` (the tools that only look), a redb file must exist and is opened without
+    /// any write lock, so a paused tool cannot stall the hosts serving from it.
     ///
     /// # Errors
     /// The store's error, naming the path or endpoints.
-    pub async fn open_store(&self) -> Result<Arc<dyn Store>, StoreError> {
+    pub async fn open_store(&self, read_only: bool) -> Result<Arc<dyn Store>, StoreError> {
         if self.store.starts_with("etcd://") {
             let mut options = EtcdOptions::from_url(&self.store)
                 .map_err(|e| StoreError::permanent(format!("store {}", self.store), e))?;
@@ -238,6 +240,8 @@ impl Settings {
                 options.prefix.clone_from(prefix);
             }
             Ok(Arc::new(EtcdStore::connect(options).await?))
+        } else if read_only {
+            Ok(Arc::new(RedbStore::open_read_only(&self.store).await?))
         } else {
             Ok(Arc::new(RedbStore::open(&self.store).await?))
         }

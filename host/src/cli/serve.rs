@@ -39,7 +39,7 @@ pub(super) async fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     let settings = Settings::resolve(&args.store, Some(args))?;
     // Signals first: a signal during start-up must not kill the process untidily.
     let mut signals = Signals::new().context("installing signal handlers")?;
-    let store = settings.open_store().await?;
+    let store = settings.open_store(false).await?;
     let services = load_services(&settings).await?;
     let holder = holder_value();
     tracing::info!(

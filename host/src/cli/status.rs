@@ -9,7 +9,7 @@ use crate::vvm::slot_key;
 /// Prints who holds each slot, with term and time left. Safe while hosts serve.
 pub(super) async fn status(args: &StoreArgs) -> anyhow::Result<ExitCode> {
     let settings = Settings::resolve(args, None)?;
-    let store = settings.open_store().await?;
+    let store = settings.open_store(true).await?;
     println!(
         "{:<6} {:<48} {:>8} {:>10}",
         "SLOT", "HOLDER", "TERM", "TIME LEFT"

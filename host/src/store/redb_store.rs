@@ -10,6 +10,7 @@
 //!
 //! redb calls block, so each operation runs on tokio's blocking pool.
 
+mod bounded_locks;
 mod fault;
 mod file_watch;
 #[cfg(test)]
@@ -23,14 +24,16 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, WriteTransaction};
+use redb::{
+    Database, Durability, ReadOnlyDatabase, ReadableDatabase, ReadableTable, WriteTransaction,
+};
 use tokio::sync::Notify;
 
 use self::fault::Fault;
 use self::file_watch::FileWatch;
 use self::schema::{
     BUSY_TIMEOUT, KV, LEASES, META, RELEASES_KEY, SCHEMA_VERSION, TERMS, begin_write, lease_row,
-    live_lease, open_database,
+    live_lease, open_database, open_read_only,
 };
 use super::{Fence, FencedKv, Record, StoreError, Term, TtlStore};
 use crate::clock::{Clock, SystemClock, Timestamp};
@@ -55,7 +58,7 @@ struct Inner {
     clock: Arc<dyn Clock>,
     /// Replaced by a fresh handle when redb reports that this one is unusable (after an I/O
     /// error). Operations in flight keep the old handle alive until they end.
-    db: RwLock<Arc<Database>>,
+    db: RwLock<Handle>,
     /// Queues this process's writers, so only the cross-process write lock needs polling.
     writer: Mutex<()>,
     busy_timeout: Duration,
@@ -63,6 +66,30 @@ struct Inner {
     released: Notify,
     /// Wakes waiters when another process writes the file; `None` if inotify is unavailable.
     watch: Option<FileWatch>,
+}
+
+/// The database handle: read-write, or read-only for the tools that only look.
+#[derive(Clone)]
+enum Handle {
+    Write(Arc<Database>),
+    Read(Arc<ReadOnlyDatabase>),
+}
+
+impl Handle {
+    fn begin_read(&self) -> Result<redb::ReadTransaction, Fault> {
+        Ok(match self {
+            Self::Write(db) => db.begin_read()?,
+            Self::Read(db) => db.begin_read()?,
+        })
+    }
+
+    fn open(path: &Path, read_only: bool, patience: Duration) -> Result<Self, Fault> {
+        Ok(if read_only {
+            Self::Read(Arc::new(open_read_only(path, patience)?))
+        } else {
+            Self::Write(Arc::new(open_database(path, patience)?))
+        })
+    }
 }
 
 impl RedbStore {
@@ -87,34 +114,54 @@ impl RedbStore {
         path: impl AsRef<Path>,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, StoreError> {
-        Self::open_inner(path, clock, BUSY_TIMEOUT).await
+        Self::open_inner(path, clock, BUSY_TIMEOUT, false).await
+    }
+
+    /// Opens an existing store file for reading only (`vvm-host status`): it takes no write
+    /// lock and writes nothing, so a tool paused at any moment cannot stall the hosts that
+    /// serve from the file. Writes through it fail with a permanent error.
+    ///
+    /// # Errors
+    /// Permanent when the file is missing or is not a vvm-host store; transient for I/O that
+    /// may pass.
+    pub async fn open_read_only(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        let clock = SystemClock::new().map_err(|e| {
+            StoreError::permanent("reading the kernel boot id for the store clock", e)
+        })?;
+        Self::open_inner(path, Arc::new(clock), BUSY_TIMEOUT, true).await
     }
 
     async fn open_inner(
         path: impl AsRef<Path>,
         clock: Arc<dyn Clock>,
         busy_timeout: Duration,
+        read_only: bool,
     ) -> Result<Self, StoreError> {
         let path = path.as_ref().to_path_buf();
         let opened = {
             let path = path.clone();
-            tokio::task::spawn_blocking(move || open_database(&path)).await
+            tokio::task::spawn_blocking(move || Handle::open(&path, read_only, busy_timeout)).await
         };
         let db = opened
             .unwrap_or_else(|e| Err(Fault::Aborted(e.to_string())))
             .map_err(|f| f.into_store_error(&path, "open"))?;
-        let watch = FileWatch::start(&path)
-            .inspect_err(|e| {
-                tracing::warn!(path = %path.display(), error = %e,
-                    "no inotify watch on the redb store; waiters poll for releases");
-            })
-            .ok();
-        tracing::info!(path = %path.display(), schema = SCHEMA_VERSION, "redb store opened");
+        // Only campaigning hosts wait for releases.
+        let watch = if read_only {
+            None
+        } else {
+            FileWatch::start(&path)
+                .inspect_err(|e| {
+                    tracing::warn!(path = %path.display(), error = %e,
+                        "no inotify watch on the redb store; waiters poll for releases");
+                })
+                .ok()
+        };
+        tracing::info!(path = %path.display(), schema = SCHEMA_VERSION, read_only, "redb store opened");
         Ok(Self {
             inner: Arc::new(Inner {
                 path,
                 clock,
-                db: RwLock::new(Arc::new(db)),
+                db: RwLock::new(db),
                 writer: Mutex::new(()),
                 busy_timeout,
                 released: Notify::new(),
@@ -160,7 +207,10 @@ impl RedbStore {
         let inner = Arc::clone(&self.inner);
         self.blocking(op, move || {
             let _queue = inner.writer.lock().unwrap_or_else(PoisonError::into_inner);
-            let mut txn = begin_write(&inner.db(), inner.busy_timeout)?;
+            let Handle::Write(db) = inner.db() else {
+                return Err(Fault::ReadOnly);
+            };
+            let mut txn = begin_write(&db, inner.busy_timeout)?;
             txn.set_durability(Durability::Immediate)?;
             // Read after the write lock is held, so commits and their clock readings are in
             // the same order in every process.
@@ -197,13 +247,16 @@ impl RedbStore {
         let inner = Arc::clone(&self.inner);
         let cause = cause.to_string();
         // Opening blocks; the caller already has its error and will retry.
-        tokio::task::spawn_blocking(move || match open_database(&inner.path) {
-            Ok(db) => {
-                *inner.db.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(db);
-                tracing::warn!(path = %inner.path.display(), %cause, "redb store reopened");
-            }
-            Err(e) => {
-                tracing::warn!(path = %inner.path.display(), %cause, error = %e, "redb store reopen failed");
+        let read_only = matches!(inner.db(), Handle::Read(_));
+        tokio::task::spawn_blocking(move || {
+            match Handle::open(&inner.path, read_only, inner.busy_timeout) {
+                Ok(db) => {
+                    *inner.db.write().unwrap_or_else(PoisonError::into_inner) = db;
+                    tracing::warn!(path = %inner.path.display(), %cause, "redb store reopened");
+                }
+                Err(e) => {
+                    tracing::warn!(path = %inner.path.display(), %cause, error = %e, "redb store reopen failed");
+                }
             }
         });
     }
@@ -221,8 +274,11 @@ impl RedbStore {
 }
 
 impl Inner {
-    fn db(&self) -> Arc<Database> {
-        Arc::clone(&self.db.read().unwrap_or_else(PoisonError::into_inner))
+    fn db(&self) -> Handle {
+        self.db
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }
 

@@ -33,6 +33,9 @@ pub(super) enum Fault {
     /// A redb database of some other program.
     #[error("not a vvm-host store: it holds table {0:?} and no vvm-host schema version")]
     Foreign(String),
+    /// A write through a handle opened for reading only.
+    #[error("the store was opened read-only")]
+    ReadOnly,
     /// The blocking task running the operation panicked or was cancelled.
     #[error("the store operation did not complete: {0}")]
     Aborted(String),
@@ -73,9 +76,11 @@ impl Fault {
     pub(super) fn is_transient(&self) -> bool {
         match self {
             Self::Busy(_) => true,
-            Self::SchemaVersion { .. } | Self::Layout(_) | Self::Foreign(_) | Self::Aborted(_) => {
-                false
-            }
+            Self::SchemaVersion { .. }
+            | Self::Layout(_)
+            | Self::Foreign(_)
+            | Self::ReadOnly
+            | Self::Aborted(_) => false,
             Self::Redb(e) => redb_is_transient(e),
         }
     }

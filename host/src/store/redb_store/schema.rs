@@ -5,10 +5,11 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use redb::{
-    Builder, ConcurrencyMode, Database, Durability, ReadableTable, TableDefinition, TableHandle,
-    WriteTransaction,
+    Builder, ConcurrencyMode, Database, Durability, ReadOnlyDatabase, ReadableDatabase,
+    ReadableTable, TableDefinition, TableHandle, WriteTransaction,
 };
 
+use super::bounded_locks::BoundedLocks;
 use super::fault::Fault;
 use crate::clock::Timestamp;
 use crate::store::Term;
@@ -47,7 +48,15 @@ pub(super) struct Lease {
 }
 
 /// Opens the file in multi-writer mode and checks (or, on a new file, writes) the schema.
-pub(super) fn open_database(path: &Path) -> Result<Database, Fault> {
+/// Every wait for a lock of another process lasts at most `patience`.
+pub(super) fn open_database(path: &Path, patience: Duration) -> Result<Database, Fault> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(redb::DatabaseError::from)?;
     let repair_path = path.display().to_string();
     let db = Builder::new()
         .set_concurrency_mode(ConcurrencyMode::MultiWriter)
@@ -56,8 +65,8 @@ pub(super) fn open_database(path: &Path) -> Result<Database, Fault> {
             tracing::warn!(path = %repair_path, progress = session.progress(),
                 "repairing redb store after an unclean shutdown");
         })
-        .create(path)?;
-    let mut txn = begin_write(&db, BUSY_TIMEOUT)?;
+        .create_with_backend(BoundedLocks::new(file, patience))?;
+    let mut txn = begin_write(&db, patience)?;
     txn.set_durability(Durability::Immediate)?;
     {
         let mut meta = txn.open_table(META).map_err(Fault::table)?;
@@ -85,6 +94,31 @@ pub(super) fn open_database(path: &Path) -> Result<Database, Fault> {
     txn.open_table(KV).map_err(Fault::table)?;
     txn.commit()?;
     Ok(db)
+}
+
+/// Opens the file for reading only: no write lock, no schema write, only the shared locks
+/// that a read transaction takes, each wait bounded. A file without vvm-host's tables (or
+/// with another schema version) is an error naming the cause.
+pub(super) fn open_read_only(path: &Path, patience: Duration) -> Result<ReadOnlyDatabase, Fault> {
+    let file = std::fs::File::open(path).map_err(redb::DatabaseError::from)?;
+    let db = Builder::new()
+        .set_concurrency_mode(ConcurrencyMode::MultiWriter)
+        .set_cache_size(CACHE_BYTES)
+        .open_read_only_with_backend(BoundedLocks::new(file, patience))?;
+    let txn = db.begin_read()?;
+    let version = txn
+        .open_table(META)
+        .map_err(Fault::table)?
+        .get(SCHEMA_KEY)?
+        .map(|v| v.value());
+    match version {
+        Some(SCHEMA_VERSION) => Ok(db),
+        Some(found) => Err(Fault::SchemaVersion {
+            found,
+            supported: SCHEMA_VERSION,
+        }),
+        None => Err(Fault::Foreign("(no schema version)".to_owned())),
+    }
 }
 
 /// Begins a write transaction, waiting at most `busy_timeout` for another process's.

@@ -159,7 +159,7 @@ async fn write_lock_held_by_another_writer_is_a_transient_busy_error() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.redb");
     let clock: Arc<dyn Clock> = Arc::new(ManualClock::default());
-    let store = RedbStore::open_inner(&path, clock, Duration::from_millis(100))
+    let store = RedbStore::open_inner(&path, clock, Duration::from_millis(100), false)
         .await
         .unwrap();
     // A second handle on the file acts as another process stuck in a write transaction.
@@ -244,4 +244,98 @@ async fn wait_released_returns_after_max_without_a_release() {
     let started = Instant::now();
     store.wait_released(Duration::from_millis(200)).await;
     assert!(started.elapsed() >= Duration::from_millis(200));
+}
+
+/// A peer stopped (SIGSTOP) inside a commit keeps the file's header lock. redb's own file
+/// backend would wait for it without bound, so every other process, the leader's renewals
+/// included, would hang until the leader's killer fired. Each wait is bounded instead: the
+/// operation fails as transient, and succeeds again once the peer lets go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_lock_held_by_a_stopped_peer_is_a_transient_error_not_a_hang() {
+    use std::ops::Bound;
+
+    use redb::StorageBackend;
+    use redb::backends::FileBackend;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::default());
+    let store = RedbStore::open_inner(&path, clock, Duration::from_millis(100), false)
+        .await
+        .unwrap();
+    store
+        .insert_if_absent("1", "a", TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    // Another open file description holding the first byte of the header, as a process
+    // stopped mid-commit does.
+    let file = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    let peer = FileBackend::new(file).unwrap();
+    let header = (Bound::Included(0), Bound::Excluded(1));
+    peer.lock_range(header.0, header.1).unwrap();
+
+    let renewal = tokio::time::timeout(
+        Duration::from_secs(20),
+        store.compare_and_swap("1", "a", "a", TTL),
+    )
+    .await
+    .expect("the renewal hangs on the stopped peer's lock");
+    let e = renewal.unwrap_err();
+    assert!(e.is_transient(), "{e}");
+    assert!(e.to_string().contains("held a lock"), "{e}");
+
+    peer.unlock_range(header.0, header.1).unwrap();
+    // The failed commit may have spent the handle; the store reopens it on its own.
+    let mut renewed = false;
+    for _ in 0..50 {
+        if let Ok(ok) = store.compare_and_swap("1", "a", "a", TTL).await {
+            renewed = ok;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(renewed, "renewals go on once the peer lets go");
+}
+
+/// `vvm-host status` opens the file read-only: no write lock (a writer holding it, or
+/// stopped while holding it, does not delay it), no write, and writes through it fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_handle_takes_no_write_lock_and_refuses_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::default());
+    let store = RedbStore::open_with_clock(&path, Arc::clone(&clock))
+        .await
+        .unwrap();
+    let term = store
+        .insert_if_absent("1", "a", TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    // Another process in a write transaction (or stopped inside one) holds the write lock.
+    let other = Builder::new()
+        .set_concurrency_mode(ConcurrencyMode::MultiWriter)
+        .open(&path)
+        .unwrap();
+    let stuck = other.begin_write().unwrap();
+    // A handle that wanted the write lock would fail as busy here.
+    let reader = RedbStore::open_inner(&path, clock, Duration::from_millis(100), true)
+        .await
+        .unwrap();
+    let record = reader.get("1").await.unwrap().unwrap();
+    assert_eq!((record.value.as_str(), record.term), ("a", term));
+    let e = reader.insert_if_absent("2", "b", TTL).await.unwrap_err();
+    assert!(
+        !e.is_transient() && e.to_string().contains("read-only"),
+        "{e}"
+    );
+    stuck.abort().unwrap();
+    let missing = RedbStore::open_read_only(dir.path().join("absent.redb")).await;
+    let e = missing.err().unwrap();
+    assert!(e.to_string().contains("absent.redb"), "{e}");
 }
