@@ -243,7 +243,12 @@ impl Settings {
         } else if read_only {
             Ok(Arc::new(RedbStore::open_read_only(&self.store).await?))
         } else {
-            Ok(Arc::new(RedbStore::open(&self.store).await?))
+            // Lock waits bounded well inside the renewal's retries (SPEC §8).
+            let patience =
+                (self.lease / 10).clamp(Duration::from_millis(10), Duration::from_secs(2));
+            Ok(Arc::new(
+                RedbStore::open_with_patience(&self.store, patience).await?,
+            ))
         }
     }
 }

@@ -100,10 +100,7 @@ impl RedbStore {
     /// database or was written with an incompatible schema version, or the kernel boot id
     /// cannot be read; transient for I/O that may pass.
     pub async fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
-        let clock = SystemClock::new().map_err(|e| {
-            StoreError::permanent("reading the kernel boot id for the store clock", e)
-        })?;
-        Self::open_with_clock(path, Arc::new(clock)).await
+        Self::open_with_patience(path, BUSY_TIMEOUT).await
     }
 
     /// Opens (or creates) the store file at `path`, deciding expiry by `clock`.
@@ -117,6 +114,19 @@ impl RedbStore {
         Self::open_inner(path, clock, BUSY_TIMEOUT, false).await
     }
 
+    /// Like [`RedbStore::open`], waiting at most `patience` for any lock another process
+    /// holds (default 2 s). A host with lease `L` passes `L/10`, so that a peer stopped while
+    /// it holds a lock costs at worst an orderly loss of the lease, never the killer.
+    ///
+    /// # Errors
+    /// As [`RedbStore::open`].
+    pub async fn open_with_patience(
+        path: impl AsRef<Path>,
+        patience: Duration,
+    ) -> Result<Self, StoreError> {
+        Self::open_inner(path, system_clock()?, patience, false).await
+    }
+
     /// Opens an existing store file for reading only (`vvm-host status`): it takes no write
     /// lock and writes nothing, so a tool paused at any moment cannot stall the hosts that
     /// serve from the file. Writes through it fail with a permanent error.
@@ -125,10 +135,7 @@ impl RedbStore {
     /// Permanent when the file is missing or is not a vvm-host store; transient for I/O that
     /// may pass.
     pub async fn open_read_only(path: impl AsRef<Path>) -> Result<Self, StoreError> {
-        let clock = SystemClock::new().map_err(|e| {
-            StoreError::permanent("reading the kernel boot id for the store clock", e)
-        })?;
-        Self::open_inner(path, Arc::new(clock), BUSY_TIMEOUT, true).await
+        Self::open_inner(path, system_clock()?, BUSY_TIMEOUT, true).await
     }
 
     async fn open_inner(
@@ -271,6 +278,13 @@ impl RedbStore {
         })
         .await
     }
+}
+
+/// The machine's clock for store expiry (kernel boot id + `CLOCK_BOOTTIME`).
+fn system_clock() -> Result<Arc<dyn Clock>, StoreError> {
+    let clock = SystemClock::new()
+        .map_err(|e| StoreError::permanent("reading the kernel boot id for the store clock", e))?;
+    Ok(Arc::new(clock))
 }
 
 impl Inner {
