@@ -238,3 +238,60 @@ fn bad_configuration_is_one_clear_line_and_a_non_zero_exit() {
         assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
     }
 }
+
+/// A service that fails only on host A (a local problem): A shuts down and backs off before
+/// campaigning again, so the healthy standby B takes the slot, and keeps it: no flapping.
+#[test]
+fn a_service_failing_on_one_host_hands_the_slot_to_a_healthy_standby_for_good() {
+    let dir = cluster_dir();
+    let a_services = dir.path().join("services-a");
+    std::fs::create_dir(&a_services).unwrap();
+    std::fs::copy(
+        guests::guest("rust-ticker"),
+        a_services.join("rust-ticker.wasm"),
+    )
+    .unwrap();
+    std::fs::copy(guests::guest("test/trap"), a_services.join("trap.wasm")).unwrap();
+    let args = [
+        "serve",
+        "--services",
+        "services-a",
+        "--lease",
+        "1s",
+        "--cache-dir",
+        "cache-a",
+        "--grace-period",
+        "1s",
+    ];
+    let mut a = Host::start("a", dir.path(), &args, "info");
+    a.wait_for(&["leading"]);
+    let mut b = serve("b", dir.path(), "1s");
+    b.wait_for(&["campaigning"]);
+    let problem = a.wait_for(&["failed too often"]);
+    let b_leads = b.wait_for(&["leading"]);
+    assert!(
+        stamp(&b_leads) > stamp(&problem),
+        "B led only after A's problem"
+    );
+    // A stood aside, then campaigns again, as a standby now.
+    let (backed_off, _) = a.wait_for_from(0, &["backing off"]);
+    a.wait_for_from(backed_off, &["campaigning"]);
+    // Observe a while: B keeps the slot, A never leads again.
+    std::thread::sleep(Duration::from_secs(6));
+    let count =
+        |h: &Host, needle: &str| h.lines().iter().filter(|l| l.text.contains(needle)).count();
+    assert_eq!(
+        count(&a, "\"leading\""),
+        1,
+        "A led again: leadership flapped"
+    );
+    assert_eq!(
+        count(&b, "\"acquired\""),
+        1,
+        "B lost the slot and won it again"
+    );
+    a.signal(Signal::TERM);
+    b.signal(Signal::TERM);
+    assert!(a.wait_exit().success());
+    assert!(b.wait_exit().success());
+}

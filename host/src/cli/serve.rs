@@ -2,6 +2,7 @@
 
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use tokio::signal::unix::{Signal, SignalKind, signal};
@@ -9,7 +10,7 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use super::{EXIT_INTERRUPTED, ServeArgs, Settings};
 use crate::runtime::WasmServices;
 use crate::services::Services;
-use crate::vvm::{Vvm, VvmConfig, holder_value};
+use crate::vvm::{Problem, Vvm, VvmConfig, holder_value};
 
 /// SIGINT and SIGTERM as one stream.
 struct Signals {
@@ -41,31 +42,33 @@ pub(super) async fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     let mut signals = Signals::new().context("installing signal handlers")?;
     let store = settings.open_store(false).await?;
     let services = load_services(&settings).await?;
-    let holder = holder_value();
     tracing::info!(
-        holder,
         store = settings.store,
         services = %settings.services.display(),
         cluster_size = settings.cluster_size,
         lease_ms = settings.lease.as_millis(),
         "serving"
     );
+    let mut backoff = LocalBackoff::new(settings.lease);
     loop {
         let config = VvmConfig {
             cluster_size: settings.cluster_size,
             lease: settings.lease,
             acquisition_timeout: settings.acquisition_timeout,
-            holder: holder.clone(),
+            // One holder value per campaign: a delayed delete of an earlier campaign's
+            // record can never remove this one's.
+            holder: holder_value(),
         };
         let vvm = Vvm::provide(config, Arc::clone(&store), Arc::clone(&services)).launch();
-        let stop_for_good = tokio::select! {
+        let launched = tokio::time::Instant::now();
+        let (stop_for_good, problem) = tokio::select! {
             signal = signals.next() => {
                 tracing::info!(signal, "shutting down");
-                true
+                (true, None)
             }
             problem = vvm.problems().wait() => {
                 tracing::warn!(%problem, "shutting down, then standing by");
-                false
+                (false, Some(problem))
             }
         };
         let mut signalled = stop_for_good;
@@ -87,6 +90,57 @@ pub(super) async fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         if signalled {
             return Ok(ExitCode::SUCCESS);
         }
+        // After a problem of this host's own, let a healthy standby take the slot first.
+        if let Some(pause) = backoff.after(problem.as_ref(), launched.elapsed()) {
+            tracing::info!(
+                pause_ms = pause.as_millis(),
+                "local problem: backing off before campaigning"
+            );
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                signal = signals.next() => {
+                    tracing::info!(signal, "shutting down");
+                    return Ok(ExitCode::SUCCESS);
+                }
+            }
+        }
+    }
+}
+
+/// How long to stand aside after a problem that is this host's own (a service that fails
+/// here, a bug), so that a healthy standby takes the slot instead of this host winning it
+/// straight back: `L`, doubling with each such problem in a row up to `16·L`. A leadership
+/// that lasted `16·L`, or a problem that is not local (the lease lost, no slot free), starts
+/// over without a pause.
+struct LocalBackoff {
+    lease: Duration,
+    in_a_row: u32,
+}
+
+impl LocalBackoff {
+    const MAX_DOUBLINGS: u32 = 4;
+
+    fn new(lease: Duration) -> Self {
+        Self { lease, in_a_row: 0 }
+    }
+
+    fn after(&mut self, problem: Option<&Problem>, ran: Duration) -> Option<Duration> {
+        let max = self.lease.saturating_mul(1 << Self::MAX_DOUBLINGS);
+        let local = matches!(
+            problem,
+            Some(Problem::Service { .. } | Problem::Internal(_))
+        );
+        if !local || ran >= max {
+            self.in_a_row = 0;
+        }
+        if !local {
+            return None;
+        }
+        let pause = self
+            .lease
+            .saturating_mul(1 << self.in_a_row.min(Self::MAX_DOUBLINGS));
+        self.in_a_row = self.in_a_row.saturating_add(1);
+        Some(pause)
     }
 }
 
@@ -99,4 +153,36 @@ async fn load_services(settings: &Settings) -> anyhow::Result<Arc<dyn Services>>
         .await
         .context("loading services")??;
     Ok(Arc::new(services))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_problems_back_off_doubling_and_others_do_not() {
+        let l = Duration::from_secs(1);
+        let service = Problem::Service {
+            name: "x".into(),
+            reason: "fails here".into(),
+        };
+        let mut b = LocalBackoff::new(l);
+        let short = Duration::from_millis(100);
+        assert_eq!(b.after(Some(&service), short), Some(l));
+        assert_eq!(b.after(Some(&service), short), Some(l * 2));
+        assert_eq!(b.after(Some(&service), short), Some(l * 4));
+        for _ in 0..5 {
+            b.after(Some(&service), short);
+        }
+        assert_eq!(b.after(Some(&service), short), Some(l * 16), "capped");
+        assert_eq!(b.after(Some(&Problem::LeadershipLost), short), None);
+        assert_eq!(b.after(Some(&service), short), Some(l), "started over");
+        b.after(Some(&service), short);
+        assert_eq!(
+            b.after(Some(&service), l * 16),
+            Some(l),
+            "a long leadership resets it"
+        );
+        assert_eq!(b.after(None, short), None);
+    }
 }

@@ -327,14 +327,15 @@ pub(crate) async fn kv_writes_are_fenced_by_term<B: Backend>(b: &mut B) {
 pub(crate) async fn a_stale_writer_racing_a_takeover_never_lands_after_the_new_one<B: Backend>(
     b: &mut B,
 ) {
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
     let clock = ManualClock::default();
     let s = Arc::new(b.open(&clock).await);
     let t1 = s.insert_if_absent("k", "a", B::TTL).await.unwrap().unwrap();
     let stop = Arc::new(AtomicBool::new(false));
+    let refused = Arc::new(AtomicU32::new(0));
     let old_writer = std::thread::spawn({
-        let (s, stop) = (Arc::clone(&s), Arc::clone(&stop));
+        let (s, stop, refused) = (Arc::clone(&s), Arc::clone(&stop), Arc::clone(&refused));
         move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -345,7 +346,7 @@ pub(crate) async fn a_stale_writer_racing_a_takeover_never_lands_after_the_new_o
                     lease_key: "k",
                     term: t1,
                 };
-                let (mut landed, mut refused) = (0u32, 0u32);
+                let mut landed = 0u32;
                 for i in 0u64.. {
                     if stop.load(Ordering::SeqCst) {
                         break;
@@ -353,11 +354,13 @@ pub(crate) async fn a_stale_writer_racing_a_takeover_never_lands_after_the_new_o
                     let value = format!("old {i}");
                     match s.kv_set(&old, "svc", "x", value.as_bytes()).await {
                         Ok(true) => landed += 1,
-                        Ok(false) => refused += 1,
+                        Ok(false) => {
+                            refused.fetch_add(1, Ordering::SeqCst);
+                        }
                         Err(_) => {}
                     }
                 }
-                (landed, refused)
+                landed
             })
         }
     });
@@ -371,7 +374,17 @@ pub(crate) async fn a_stale_writer_racing_a_takeover_never_lands_after_the_new_o
         lease_key: "k",
         term: t2,
     };
-    for j in 0..40 {
+    // The new leader writes and reads back until the old writer has raced it for a while
+    // (at least 40 writes, and until a stale write of it was refused).
+    let racing = std::time::Instant::now();
+    for j in 0u64.. {
+        if j >= 40 && refused.load(Ordering::SeqCst) > 0 {
+            break;
+        }
+        assert!(
+            racing.elapsed() < Duration::from_secs(30),
+            "the old writer never ran after the takeover"
+        );
         let value = format!("new {j}");
         assert!(s.kv_set(&new, "svc", "x", value.as_bytes()).await.unwrap());
         let read = s.kv_get("svc", "x").await.unwrap().unwrap();
@@ -380,13 +393,15 @@ pub(crate) async fn a_stale_writer_racing_a_takeover_never_lands_after_the_new_o
             value,
             "a stale write landed after the new term's"
         );
+        if j >= 40 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
     stop.store(true, Ordering::SeqCst);
-    let (landed, refused) = tokio::task::spawn_blocking(move || old_writer.join().unwrap())
+    let landed = tokio::task::spawn_blocking(move || old_writer.join().unwrap())
         .await
         .unwrap();
     assert!(landed > 0, "the old writer wrote before the takeover");
-    assert!(refused > 0, "the old writer kept trying after it");
 }
 
 pub(crate) async fn wait_released_wakes_on_delete<B: Backend>(b: &mut B) {
