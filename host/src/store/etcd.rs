@@ -25,7 +25,9 @@ mod test_server;
 #[cfg(test)]
 mod tests;
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -52,6 +54,9 @@ pub struct EtcdStore {
     seen_revision: AtomicI64,
     /// Whether the cluster raising a TTL has been logged already.
     warned_ttl: AtomicBool,
+    /// The etcd lease our last successful write put each record on: a swap must find the
+    /// record still on it, not only with the expected value (see `compare_and_swap`).
+    written_on: Mutex<HashMap<String, i64>>,
 }
 
 /// The cluster did not answer in time.
@@ -92,6 +97,7 @@ impl EtcdStore {
             request_timeout: options.request_timeout,
             seen_revision: AtomicI64::new(0),
             warned_ttl: AtomicBool::new(false),
+            written_on: Mutex::default(),
         };
         // Prove the cluster answers now rather than at the first campaign.
         let probe = GetOptions::new().with_prefix().with_count_only();
@@ -169,6 +175,43 @@ impl EtcdStore {
     }
 
     /// Revokes a lease that holds nothing (any more); failures only leave it to run out.
+    fn written_on(&self) -> MutexGuard<'_, HashMap<String, i64>> {
+        // Single inserts and removals: a poisoned map is still consistent.
+        self.written_on
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The lease the record under `key` is on: the one our last write used, or (for a record
+    /// this handle has not written) the one etcd reports. `None` if there is no record.
+    async fn current_lease(&self, op: &str, key: &str) -> Result<Option<i64>, StoreError> {
+        if let Some(lease) = self.written_on().get(key) {
+            return Ok(Some(*lease));
+        }
+        let mut response = self
+            .call(op, key, self.kv().get(self.record_key(key), None))
+            .await?;
+        self.saw(response.header());
+        Ok(response
+            .take_kvs()
+            .first()
+            .map(etcd_client::KeyValue::lease))
+    }
+
+    /// The swap of `compare_and_swap`, built for `lease`: the record must still hold
+    /// `expected` *and* still be on `current`, so that a transaction delayed past a later,
+    /// retried swap finds the record moved on and does nothing.
+    fn swap_txn(&self, key: &str, expected: &str, new: &str, current: i64, lease: i64) -> Txn {
+        let record = self.record_key(key);
+        let put = PutOptions::new().with_lease(lease).with_prev_key();
+        Txn::new()
+            .when([
+                Compare::value(record.as_str(), CompareOp::Equal, expected),
+                Compare::lease(record.as_str(), CompareOp::Equal, current),
+            ])
+            .and_then([TxnOp::put(record, new, Some(put))])
+    }
+
     async fn revoke_quietly(&self, lease: i64) {
         if lease == 0 {
             return;
@@ -243,6 +286,7 @@ impl TtlStore for EtcdStore {
         // The put created the key in this transaction, so its create revision is the
         // transaction's revision.
         let term = response.header().map_or(0, |h| h.revision());
+        self.written_on().insert(key.to_owned(), lease);
         tracing::debug!(key, value, term, lease, "etcd record inserted");
         Ok(Some(u64::try_from(term).unwrap_or(0)))
     }
@@ -255,19 +299,20 @@ impl TtlStore for EtcdStore {
         ttl: Duration,
     ) -> Result<bool, StoreError> {
         const OP: &str = "compare_and_swap";
+        let Some(current) = self.current_lease(OP, key).await? else {
+            return Ok(false);
+        };
         // A fresh lease, not a keep-alive: a keep-alive would restore the *old* TTL and could
         // not be made conditional on the value in the same transaction.
-        let record = self.record_key(key);
         let lease = self.grant(OP, key, ttl).await?;
-        let put = PutOptions::new().with_lease(lease).with_prev_key();
-        let txn = Txn::new()
-            .when([Compare::value(record.as_str(), CompareOp::Equal, expected)])
-            .and_then([TxnOp::put(record, new, Some(put))]);
+        let txn = self.swap_txn(key, expected, new, current, lease);
         let response = self.txn(OP, key, txn).await?;
         if !response.succeeded() {
+            self.written_on().remove(key);
             self.revoke_quietly(lease).await;
             return Ok(false);
         }
+        self.written_on().insert(key.to_owned(), lease);
         // The key moved to the new lease; the old one holds nothing now.
         self.revoke_quietly(previous_lease(&response)).await;
         Ok(true)
@@ -284,6 +329,7 @@ impl TtlStore for EtcdStore {
             )]);
         let response = self.txn(OP, key, txn).await?;
         if response.succeeded() {
+            self.written_on().remove(key);
             tracing::debug!(key, value = expected, "etcd record deleted");
             self.revoke_quietly(previous_lease(&response)).await;
         }

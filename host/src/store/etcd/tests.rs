@@ -416,3 +416,33 @@ fn classification() {
     assert_eq!(lease_seconds(Duration::from_secs(2)), 2);
     assert_eq!(lease_seconds(Duration::from_millis(2001)), 3);
 }
+
+/// A renewal's transaction is delayed in the network past the client's timeout; the retry
+/// succeeds, and then the delayed one arrives. It must not move the record back onto its own
+/// (older) lease: a value compare alone would let it, and the record would then expire by
+/// that lease, earlier than the holder's deadline assumes.
+#[tokio::test]
+async fn a_delayed_swap_cannot_move_the_record_back_onto_an_older_lease() {
+    let Some(etcd) = Etcd::start() else { return };
+    let s = etcd.store().await;
+    let ttl = Duration::from_secs(5);
+    s.insert_if_absent("k", "me", ttl).await.unwrap().unwrap();
+    // The first attempt: its lease granted and its transaction built, then held back.
+    let current = s.current_lease("test", "k").await.unwrap().unwrap();
+    let delayed_lease = s.grant("test", "k", ttl).await.unwrap();
+    let delayed = s.swap_txn("k", "me", "me", current, delayed_lease);
+    // The retry goes through.
+    assert!(s.compare_and_swap("k", "me", "me", ttl).await.unwrap());
+    let retried = s.current_lease("test", "k").await.unwrap().unwrap();
+    assert_ne!(retried, current);
+    // The delayed attempt lands late: the record has moved on, so it does nothing.
+    let late = s.txn("test", "k", delayed).await.unwrap();
+    assert!(!late.succeeded(), "the delayed swap was applied");
+    let mut raw = etcd.raw().await;
+    let record = raw.get(s.record_key("k"), None).await.unwrap();
+    assert_eq!(
+        record.kvs()[0].lease(),
+        retried,
+        "the record is on the retry's lease"
+    );
+}
