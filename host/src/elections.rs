@@ -351,7 +351,13 @@ impl Elections {
                             }
                         }
                         r.last_start = cas_start;
-                        tracing::debug!(key = r.key, "renewed");
+                        let took = self
+                            .clock
+                            .now()
+                            .since_boot
+                            .saturating_sub(cas_start.since_boot);
+                        let took_us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+                        tracing::debug!(key = r.key, took_us, "renewed");
                         break;
                     }
                     Ok(false) => {

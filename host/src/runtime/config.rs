@@ -29,6 +29,8 @@ pub struct RuntimeConfig {
     pub grants: HashMap<String, Grants>,
     /// How failed services are restarted and when failures become a problem.
     pub restart: RestartPolicy,
+    /// Limits on each service's key-value writes.
+    pub kv: KvLimits,
 }
 
 impl RuntimeConfig {
@@ -45,6 +47,7 @@ impl RuntimeConfig {
             max_instances: 1000,
             grants: HashMap::new(),
             restart: RestartPolicy::default(),
+            kv: KvLimits::default(),
         }
     }
 }
@@ -92,6 +95,30 @@ impl Default for RestartPolicy {
             max_backoff: Duration::from_secs(10),
             max_failures: 5,
             window: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Limits on a service's key-value writes (`kv.set`), so that no guest can fill the store or
+/// starve the lease renewals that share it. A write past a limit fails with an error the
+/// guest sees; nothing is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvLimits {
+    /// The longest key, in bytes. Default 1 KiB.
+    pub max_key_bytes: usize,
+    /// The largest value, in bytes. Default 64 KiB.
+    pub max_value_bytes: usize,
+    /// Writes per second per service, on average; up to this many may come at once.
+    /// Default 100.
+    pub writes_per_second: u32,
+}
+
+impl Default for KvLimits {
+    fn default() -> Self {
+        Self {
+            max_key_bytes: 1024,
+            max_value_bytes: 64 * 1024,
+            writes_per_second: 100,
         }
     }
 }

@@ -2,7 +2,7 @@
 //! fenced by the local lease deadline (`fence`); the imports with an effect also say which
 //! effect they refused.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio_util::sync::CancellationToken;
 use wasmtime::component::{HasSelf, Linker, Resource, ResourceTable};
@@ -11,7 +11,7 @@ use wasmtime_wasi::p2::{DynPollable, Pollable, subscribe};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::RuntimeError;
-use super::config::{Grants, RuntimeConfig};
+use super::config::{Grants, KvLimits, RuntimeConfig};
 use super::fence::{self, Fenced};
 use super::output::{LogOutput, Stdio};
 use crate::elections::LeaseDeadline;
@@ -46,6 +46,42 @@ pub(crate) struct ServiceEnv {
     pub problems: ProblemReporter,
     /// The store holding the fenced key-value space.
     pub store: Arc<dyn LeaseStore>,
+    /// What `kv.set` may write, and how often.
+    pub kv_limits: KvLimits,
+    /// The writes `kv.set` may still make now (a token bucket refilled at the limit's rate).
+    pub kv_budget: Mutex<WriteBudget>,
+}
+
+/// A token bucket: `rate` tokens per second, at most `rate` saved up.
+#[derive(Debug)]
+pub(crate) struct WriteBudget {
+    tokens: f64,
+    at: tokio::time::Instant,
+}
+
+impl WriteBudget {
+    /// A full bucket for `rate` writes per second.
+    pub(crate) fn full(rate: u32) -> Self {
+        Self {
+            tokens: f64::from(rate),
+            at: tokio::time::Instant::now(),
+        }
+    }
+
+    /// Takes one write if the budget allows it now.
+    fn take(&mut self, rate: u32) -> bool {
+        let now = tokio::time::Instant::now();
+        let rate = f64::from(rate);
+        let refill = now.duration_since(self.at).as_secs_f64() * rate;
+        self.tokens = (self.tokens + refill).min(rate);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
 }
 
 /// The state of one store: one instance of one service.
@@ -217,6 +253,32 @@ impl kv::Host for Host {
     async fn set(&mut self, key: String, value: Vec<u8>) -> wasmtime::Result<Result<(), String>> {
         self.env.fence("key-value write")?;
         let env = &self.env;
+        let limits = env.kv_limits;
+        if key.len() > limits.max_key_bytes {
+            return Ok(Err(format!(
+                "key of {} bytes is over the limit of {} bytes",
+                key.len(),
+                limits.max_key_bytes
+            )));
+        }
+        if value.len() > limits.max_value_bytes {
+            return Ok(Err(format!(
+                "value of {} bytes is over the limit of {} bytes",
+                value.len(),
+                limits.max_value_bytes
+            )));
+        }
+        let allowed = env
+            .kv_budget
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take(limits.writes_per_second);
+        if !allowed {
+            return Ok(Err(format!(
+                "over the limit of {} key-value writes per second; try again later",
+                limits.writes_per_second
+            )));
+        }
         let fence = Fence {
             lease_key: &env.lease.key,
             term: env.lease.term,
@@ -270,6 +332,8 @@ pub(crate) mod tests {
             stopping: CancellationToken::new(),
             problems: ProblemReporter::default(),
             store: Arc::new(store),
+            kv_limits: KvLimits::default(),
+            kv_budget: Mutex::new(WriteBudget::full(KvLimits::default().writes_per_second)),
         };
         (clock, Arc::new(env))
     }
@@ -333,6 +397,51 @@ pub(crate) mod tests {
             lease::Host::current(&mut h).await.unwrap().term,
             env.lease.term
         );
+    }
+
+    /// Over a limit, `kv.set` fails with an error the guest sees (not a trap), and writes
+    /// nothing; the rate limit refills with time.
+    #[tokio::test(start_paused = true)]
+    async fn kv_writes_over_a_limit_fail_for_the_guest_and_write_nothing() {
+        let (_clock, env) = env().await;
+        let mut h = host(&env);
+        let limits = KvLimits::default();
+        let long_key = "k".repeat(limits.max_key_bytes + 1);
+        let e = kv::Host::set(&mut h, long_key, b"v".to_vec())
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert!(e.contains("key of 1025 bytes"), "{e}");
+        let big = vec![0u8; limits.max_value_bytes + 1];
+        let e = kv::Host::set(&mut h, "k".into(), big)
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert!(e.contains("value of 65537 bytes"), "{e}");
+        assert_eq!(env.store.kv_get("svc", "k").await.unwrap(), None);
+
+        for i in 0..limits.writes_per_second {
+            let value = i.to_string().into_bytes();
+            kv::Host::set(&mut h, "k".into(), value)
+                .await
+                .unwrap()
+                .unwrap();
+        }
+        let e = kv::Host::set(&mut h, "k".into(), b"over".to_vec())
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert!(e.contains("writes per second"), "{e}");
+        assert_eq!(
+            env.store.kv_get("svc", "k").await.unwrap().as_deref(),
+            Some(&b"99"[..]),
+            "the write over the rate was not made"
+        );
+        tokio::time::advance(Duration::from_millis(100)).await;
+        kv::Host::set(&mut h, "k".into(), b"later".to_vec())
+            .await
+            .unwrap()
+            .unwrap();
     }
 
     #[tokio::test]

@@ -19,7 +19,7 @@ mod services;
 mod supervisor;
 
 pub use component::{LoadError, LoadErrorKind, LoadStats, ServiceKind};
-pub use config::{DirGrant, Grants, RestartPolicy, RuntimeConfig};
+pub use config::{DirGrant, Grants, KvLimits, RestartPolicy, RuntimeConfig};
 pub use services::{CheckReport, WasmServices, check};
 
 use std::path::PathBuf;

@@ -1,7 +1,7 @@
 //! [`WasmServices`]: the Wasm components of a services directory as the lifecycle's
 //! [`Services`] (SPEC §5 step 3, §6), and `check` for `vvm-host check DIR`.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -12,7 +12,7 @@ use wasmtime::Engine;
 
 use super::component::{self, Compiler, LoadError, LoadStats, Loaded, ServiceKind};
 use super::engine::{self, EpochTicker};
-use super::host::{self, ServiceEnv};
+use super::host::{self, ServiceEnv, WriteBudget};
 use super::supervisor::supervise;
 use super::{RuntimeConfig, RuntimeError};
 use crate::services::{RunningServices, ServiceContext, ServiceError, Services};
@@ -122,6 +122,8 @@ impl Services for WasmServices {
                 stopping: stop.clone(),
                 problems: ctx.problems.clone(),
                 store: Arc::clone(&ctx.store),
+                kv_limits: self.rt.config.kv,
+                kv_budget: Mutex::new(WriteBudget::full(self.rt.config.kv.writes_per_second)),
             });
             let (tx, rx) = oneshot::channel();
             tasks.spawn(supervise(Arc::clone(&self.rt), Arc::clone(svc), env, tx));

@@ -20,6 +20,7 @@ mod schema;
 mod tests;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -61,6 +62,9 @@ struct Inner {
     db: RwLock<Handle>,
     /// Queues this process's writers, so only the cross-process write lock needs polling.
     writer: Mutex<()>,
+    /// Lease writes queued for `writer`: while there are any, guest key-value writes wait, so
+    /// a guest writing at full speed cannot delay a renewal by more than one commit.
+    lease_writes_waiting: AtomicUsize,
     busy_timeout: Duration,
     /// Wakes this process's waiters at once when it releases a record itself.
     released: Notify,
@@ -170,6 +174,7 @@ impl RedbStore {
                 clock,
                 db: RwLock::new(db),
                 writer: Mutex::new(()),
+                lease_writes_waiting: AtomicUsize::new(0),
                 busy_timeout,
                 released: Notify::new(),
                 watch,
@@ -212,8 +217,9 @@ impl RedbStore {
         f: impl FnOnce(&WriteTransaction, Timestamp) -> Result<(T, bool), Fault> + Send + 'static,
     ) -> Result<T, StoreError> {
         let inner = Arc::clone(&self.inner);
+        let lease_write = op != KV_SET;
         self.blocking(op, move || {
-            let _queue = inner.writer.lock().unwrap_or_else(PoisonError::into_inner);
+            let _queue = inner.queue_for_writing(lease_write);
             let Handle::Write(db) = inner.db() else {
                 return Err(Fault::ReadOnly);
             };
@@ -287,7 +293,31 @@ fn system_clock() -> Result<Arc<dyn Clock>, StoreError> {
     Ok(Arc::new(clock))
 }
 
+/// The operation name of guest key-value writes, which yield to lease writes.
+const KV_SET: &str = "kv_set";
+
 impl Inner {
+    /// Takes this process's turn to write: a lease write at once, a guest key-value write
+    /// only once no lease write is waiting.
+    fn queue_for_writing(&self, lease_write: bool) -> std::sync::MutexGuard<'_, ()> {
+        let lock = || self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        if lease_write {
+            self.lease_writes_waiting.fetch_add(1, Ordering::SeqCst);
+            let turn = lock();
+            self.lease_writes_waiting.fetch_sub(1, Ordering::SeqCst);
+            return turn;
+        }
+        loop {
+            while self.lease_writes_waiting.load(Ordering::SeqCst) > 0 {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            let turn = lock();
+            if self.lease_writes_waiting.load(Ordering::SeqCst) == 0 {
+                return turn;
+            }
+        }
+    }
+
     fn db(&self) -> Handle {
         self.db
             .read()
@@ -454,7 +484,7 @@ impl FencedKv for RedbStore {
     ) -> Result<bool, StoreError> {
         let (lease_key, term) = (fence.lease_key.to_owned(), fence.term);
         let (space, key, value) = (space.to_owned(), key.to_owned(), value.to_vec());
-        self.write("kv_set", move |txn, now| {
+        self.write(KV_SET, move |txn, now| {
             let leases = txn.open_table(LEASES)?;
             if live_lease(&leases, &lease_key, now)?.is_none_or(|(lease, _)| lease.term != term) {
                 return Ok((false, false));
