@@ -201,16 +201,17 @@ impl Elections {
         }
         let start = self.clock.now();
         let inserted = {
-            // If the caller drops this future mid-write, cleanup still deletes our record.
+            // If the caller drops this future mid-write, or the write fails (it may have
+            // been applied all the same), cleanup still deletes our record.
             let guard = InFlight {
                 elections: self,
                 key,
                 value,
                 lease,
             };
-            let inserted = self.store.insert_if_absent(key, value, lease).await;
+            let inserted = self.store.insert_if_absent(key, value, lease).await?;
             std::mem::forget(guard);
-            inserted?
+            inserted
         };
         let Some(term) = inserted else {
             return Ok(None);

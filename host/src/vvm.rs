@@ -408,6 +408,19 @@ impl Launcher {
                     Err(ElectionError::Store(e)) => return Err(Problem::Store(e.to_string())),
                 }
                 match store.get(&key).await {
+                    // Our own record: an earlier insert of this campaign failed (a timeout, an
+                    // error) yet was applied. Holder values are unique per campaign, so it is
+                    // certainly ours: delete it and try again at once, rather than wait out L.
+                    Ok(Some(record)) if record.value == config.holder => {
+                        tracing::info!(
+                            slot,
+                            "found our own record of an insert that failed; retaking it"
+                        );
+                        if let Err(e) = store.compare_and_delete(&key, &config.holder).await {
+                            tracing::warn!(slot, error = %e, "deleting our own record failed");
+                        }
+                        wait = Duration::ZERO;
+                    }
                     Ok(Some(record)) => {
                         seen_live = true;
                         wait = wait.min(record.time_left);

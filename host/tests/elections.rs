@@ -437,6 +437,7 @@ fn fault() -> impl Strategy<Value = Fault> {
         2 => d.clone().prop_map(Fault::DelayBefore),
         2 => d.clone().prop_map(Fault::DelayAfter),
         1 => d.prop_map(Fault::DelayThenTransient),
+        1 => Just(Fault::ApplyThenTransient),
     ]
 }
 
@@ -666,5 +667,20 @@ fn the_real_killer_ends_a_process_whose_stderr_is_blocked() {
     assert!(
         late < Duration::from_secs(5),
         "ended {late:?} after the deadline"
+    );
+}
+
+/// An insert that returned an error may have been applied: cleanup deletes the record all the
+/// same, so a standby need not wait out the lease.
+#[tokio::test(start_paused = true)]
+async fn cleanup_deletes_a_record_whose_insert_failed_but_was_applied() {
+    let f = fixture();
+    f.store.script(Op::Insert, [Fault::ApplyThenTransient]);
+    assert!(f.elections.acquire(KEY, ME, L).await.is_err());
+    assert_eq!(f.store.inner.get(KEY).await.unwrap().unwrap().value, ME);
+    f.elections.cleanup().await;
+    assert!(
+        f.store.inner.get(KEY).await.unwrap().is_none(),
+        "cleanup deleted the record of the failed insert"
     );
 }

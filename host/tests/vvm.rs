@@ -677,3 +677,31 @@ fn the_real_killer_ends_a_vvm_whose_services_ignore_the_stop_before_the_lease_pa
     );
     assert!(lived < 2000, "the record could have expired: {lived} ms");
 }
+
+/// An insert that failed (a timeout, an error) may have been applied all the same. The host
+/// must not then take its own record for someone else's and wait out the lease: it retakes
+/// the slot at once.
+#[tokio::test(start_paused = true)]
+async fn an_insert_applied_despite_an_error_does_not_make_the_host_wait_for_itself() {
+    let mem = mem_store();
+    let journal = Journal::default();
+    let name = "a";
+    let store = FaultyStore::new(mem.clone(), name, &journal);
+    store.script(Op::Insert, [Fault::ApplyThenTransient]);
+    let services = RecordingServices::new(name, Behaviour::default(), &journal);
+    let clock = TokioClock::new();
+    let (_, killer) = counting_killer(&clock);
+    let t0 = Instant::now();
+    let vvm = Vvm::provide(config(name, 1), store, services)
+        .with_clock_and_killer(Arc::new(clock), Arc::clone(&killer))
+        .launch();
+    let mut state = vvm.state();
+    state
+        .wait_for(|s| matches!(s, VvmState::Leading { .. }))
+        .await
+        .unwrap();
+    let waited = Instant::now() - t0;
+    assert!(waited < L / 10, "waited {waited:?} for its own record");
+    assert_eq!(shut(vvm).await, None);
+    assert_eq!(record(&mem, 1).await, None);
+}

@@ -306,7 +306,10 @@ impl TtlStore for EtcdStore {
         // not be made conditional on the value in the same transaction.
         let lease = self.grant(OP, key, ttl).await?;
         let txn = self.swap_txn(key, expected, new, current, lease);
-        let response = self.txn(OP, key, txn).await?;
+        let response = self.txn(OP, key, txn).await.inspect_err(|_| {
+            // The swap may have been applied all the same: read the record's lease next time.
+            self.written_on().remove(key);
+        })?;
         if !response.succeeded() {
             self.written_on().remove(key);
             self.revoke_quietly(lease).await;

@@ -90,6 +90,8 @@ pub enum Fault {
     DelayAfter(Duration),
     /// Wait, then fail transiently.
     DelayThenTransient(Duration),
+    /// Pass (the write lands), then fail transiently: a write of unknown outcome.
+    ApplyThenTransient,
 }
 
 /// One call the double saw: when it began, when it ended (if it did), and what it returned.
@@ -218,6 +220,10 @@ impl FaultyStore {
             }
             Fault::DelayThenTransient(d) => {
                 sleep(d).await;
+                Err(transient())
+            }
+            Fault::ApplyThenTransient => {
+                let _ = pass.await;
                 Err(transient())
             }
         };
