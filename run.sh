@@ -17,6 +17,7 @@ setup() {
   command -v python3 >/dev/null && python3 -m venv --help >/dev/null 2>&1 ||
     need+=(python3 python3-venv)                              # componentize-py (Python guests)
   command -v npm >/dev/null || need+=(nodejs npm)             # componentize-js (JS guests)
+  command -v ip >/dev/null || need+=(iproute2)                # network namespaces (etcd e2e)
   if [ ${#need[@]} -gt 0 ]; then
     as_root apt-get update -qq
     DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${need[@]}" >/dev/null

@@ -3,7 +3,7 @@
 //! PATH, and failing instead when the environment variable `CI` is set.
 
 #[path = "../../host/src/store/etcd/test_server.rs"]
-mod test_server;
+pub(crate) mod test_server;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};

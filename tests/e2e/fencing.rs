@@ -14,7 +14,7 @@ use crate::guests;
 use crate::support::{Host, Line};
 
 /// A directory with `services/journal.wasm`, `data/` granted to it, and a `vvm.toml`.
-fn journal_dir() -> tempfile::TempDir {
+pub(crate) fn journal_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let services = dir.path().join("services");
     std::fs::create_dir(&services).unwrap();
@@ -48,7 +48,7 @@ fn serve(name: &'static str, dir: &Path, lease: &str) -> Host {
 }
 
 /// The `(term, seq)` lines of the journal file.
-fn journal(dir: &Path) -> Vec<(u64, u64)> {
+pub(crate) fn journal(dir: &Path) -> Vec<(u64, u64)> {
     let text = std::fs::read_to_string(dir.join("data/journal")).unwrap_or_default();
     text.lines()
         .map(|l| {
@@ -59,7 +59,7 @@ fn journal(dir: &Path) -> Vec<(u64, u64)> {
 }
 
 /// Every place where the journal's term goes down: `(index, previous term, term)`.
-fn term_drops(lines: &[(u64, u64)]) -> Vec<(usize, u64, u64)> {
+pub(crate) fn term_drops(lines: &[(u64, u64)]) -> Vec<(usize, u64, u64)> {
     lines
         .windows(2)
         .enumerate()
@@ -69,7 +69,7 @@ fn term_drops(lines: &[(u64, u64)]) -> Vec<(usize, u64, u64)> {
 }
 
 /// The guest's log lines `journal TERM SEQ` of `host`: (log timestamp, term).
-fn logged(host: &Host) -> Vec<(String, u64)> {
+pub(crate) fn logged(host: &Host) -> Vec<(String, u64)> {
     host.lines()
         .iter()
         .filter_map(|l: &Line| {
@@ -87,7 +87,7 @@ fn logged(host: &Host) -> Vec<(String, u64)> {
 }
 
 /// Log lines of a lower term stamped after the first line of a higher term, over all hosts.
-fn log_overlaps(hosts: &[&Host]) -> usize {
+pub(crate) fn log_overlaps(hosts: &[&Host]) -> usize {
     let mut all: Vec<(String, u64)> = hosts.iter().flat_map(|h| logged(h)).collect();
     all.sort();
     all.windows(2).filter(|w| w[1].1 < w[0].1).count()

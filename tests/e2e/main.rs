@@ -11,6 +11,7 @@ mod fencing;
 #[allow(dead_code)]
 mod guests;
 mod languages;
+mod netns;
 mod support;
 
 use std::path::Path;

@@ -34,7 +34,27 @@ pub struct Host {
 impl Host {
     /// Starts `vvm-host <args>` in `dir` with JSON logs filtered by `rust_log` (`RUST_LOG`).
     pub fn start(name: &'static str, dir: &Path, args: &[&str], rust_log: &str) -> Host {
-        let mut child = Command::new(BIN)
+        Self::start_in(None, name, dir, args, rust_log)
+    }
+
+    /// Like [`Host::start`], inside the network namespace `netns` if one is given (through
+    /// `ip netns exec`, which execs: the pid is vvm-host's).
+    pub fn start_in(
+        netns: Option<&str>,
+        name: &'static str,
+        dir: &Path,
+        args: &[&str],
+        rust_log: &str,
+    ) -> Host {
+        let mut command = match netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, BIN]);
+                c
+            }
+            None => Command::new(BIN),
+        };
+        let mut child = command
             .args(args)
             .current_dir(dir)
             .env("RUST_LOG", rust_log)

@@ -103,7 +103,10 @@ impl EtcdStore {
         let probe = GetOptions::new().with_prefix().with_count_only();
         let prefix = store.prefix.clone();
         let probed = store
-            .call("connecting", "", store.kv().get(prefix, Some(probe)))
+            .call("connecting", "", || {
+                let (mut kv, prefix, probe) = (store.kv(), prefix.clone(), probe.clone());
+                async move { kv.get(prefix, Some(probe)).await }
+            })
             .await?;
         store.saw(probed.header());
         tracing::info!(endpoints = %store.endpoints, prefix = %store.prefix, "connected to etcd");
@@ -128,23 +131,39 @@ impl EtcdStore {
     }
 
     /// Runs one request within the request timeout and maps its error.
-    async fn call<T>(
+    ///
+    /// A member that cannot be reached (killed, cut off) fails a request at once, and the
+    /// client's balancer may pick it again: such a request is sent again, to whichever member
+    /// the balancer picks, until the timeout. One dead member of three then costs nothing.
+    async fn call<T, F>(
         &self,
         op: &str,
         key: &str,
-        request: impl Future<Output = Result<T, etcd_client::Error>>,
-    ) -> Result<T, StoreError> {
+        mut request: impl FnMut() -> F,
+    ) -> Result<T, StoreError>
+    where
+        F: Future<Output = Result<T, etcd_client::Error>>,
+    {
         let context = || match key {
             "" => format!("etcd {}: {op}", self.endpoints),
             key => format!("etcd {}: {op} {key:?}", self.endpoints),
         };
-        match tokio::time::timeout(self.request_timeout, request).await {
-            Ok(Ok(response)) => Ok(response),
-            Ok(Err(e)) => Err(classify(&context(), e)),
-            Err(_) => Err(StoreError::transient(
-                context(),
-                NoAnswer(self.request_timeout),
-            )),
+        let deadline = crate::clock::tokio_after(tokio::time::Instant::now(), self.request_timeout);
+        loop {
+            match tokio::time::timeout_at(deadline, request()).await {
+                Ok(Ok(response)) => return Ok(response),
+                Ok(Err(e)) if member_unreachable(&e) && tokio::time::Instant::now() < deadline => {
+                    tracing::debug!(op, key, error = %e, "etcd member unreachable; trying again");
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                Ok(Err(e)) => return Err(classify(&context(), e)),
+                Err(_) => {
+                    return Err(StoreError::transient(
+                        context(),
+                        NoAnswer(self.request_timeout),
+                    ));
+                }
+            }
         }
     }
 
@@ -160,7 +179,10 @@ impl EtcdStore {
     async fn grant(&self, op: &str, key: &str, ttl: Duration) -> Result<i64, StoreError> {
         let seconds = lease_seconds(ttl);
         let granted = self
-            .call(op, key, self.leases().grant(seconds, None))
+            .call(op, key, || {
+                let mut leases = self.leases();
+                async move { leases.grant(seconds, None).await }
+            })
             .await?;
         self.saw(granted.header());
         if granted.ttl() > seconds && !self.warned_ttl.swap(true, Ordering::Relaxed) {
@@ -175,6 +197,15 @@ impl EtcdStore {
     }
 
     /// Revokes a lease that holds nothing (any more); failures only leave it to run out.
+    /// A `get` of `key`, owning what it needs (so [`Self::call`] can send it again).
+    fn get_request(
+        &self,
+        key: String,
+    ) -> impl Future<Output = Result<etcd_client::GetResponse, etcd_client::Error>> + use<> {
+        let mut kv = self.kv();
+        async move { kv.get(key, None).await }
+    }
+
     fn written_on(&self) -> MutexGuard<'_, HashMap<String, i64>> {
         // Single inserts and removals: a poisoned map is still consistent.
         self.written_on
@@ -189,7 +220,7 @@ impl EtcdStore {
             return Ok(Some(*lease));
         }
         let mut response = self
-            .call(op, key, self.kv().get(self.record_key(key), None))
+            .call(op, key, || self.get_request(self.record_key(key)))
             .await?;
         self.saw(response.header());
         Ok(response
@@ -216,7 +247,12 @@ impl EtcdStore {
         if lease == 0 {
             return;
         }
-        let revoke = self.call("revoke", "", self.leases().revoke(lease)).await;
+        let revoke = self
+            .call("revoke", "", || {
+                let mut leases = self.leases();
+                async move { leases.revoke(lease).await }
+            })
+            .await;
         if let Err(e) = revoke {
             tracing::debug!(lease, error = %e, "could not revoke an unused etcd lease; it will run out");
         }
@@ -226,7 +262,12 @@ impl EtcdStore {
     /// is left to run out by itself rather than revoked (revoking could delete a record the
     /// transaction did write).
     async fn txn(&self, op: &str, key: &str, txn: Txn) -> Result<TxnResponse, StoreError> {
-        let response = self.call(op, key, self.kv().txn(txn)).await?;
+        let response = self
+            .call(op, key, || {
+                let (mut kv, txn) = (self.kv(), txn.clone());
+                async move { kv.txn(txn).await }
+            })
+            .await?;
         self.saw(response.header());
         Ok(response)
     }
@@ -237,7 +278,7 @@ impl EtcdStore {
         key: &str,
     ) -> Result<Option<(etcd_client::KeyValue, i64, i64)>, StoreError> {
         let mut response = self
-            .call("get", key, self.kv().get(self.record_key(key), None))
+            .call("get", key, || self.get_request(self.record_key(key)))
             .await?;
         self.saw(response.header());
         let Some(kv) = response.take_kvs().into_iter().next() else {
@@ -250,7 +291,10 @@ impl EtcdStore {
             ));
         }
         let ttl = self
-            .call("get", key, self.leases().time_to_live(kv.lease(), None))
+            .call("get", key, || {
+                let (mut leases, id) = (self.leases(), kv.lease());
+                async move { leases.time_to_live(id, None).await }
+            })
             .await?;
         Ok(Some((kv, ttl.ttl(), ttl.granted_ttl())))
     }
@@ -382,8 +426,11 @@ impl EtcdStore {
             .with_filters([WatchFilterType::NoPut])
             .with_start_revision(from);
         let key = self.record_key("");
-        let mut watcher = self.client.watch_client();
-        let watch = watcher.watch(key.as_str(), Some(options));
+        let watch = || {
+            let (mut watcher, key, options) =
+                (self.client.watch_client(), key.clone(), options.clone());
+            async move { watcher.watch(key, Some(options)).await }
+        };
         let mut stream = match self.call("watch", &key, watch).await {
             Ok(stream) => stream,
             Err(e) => {
@@ -417,7 +464,7 @@ impl EtcdStore {
 impl FencedKv for EtcdStore {
     async fn kv_get(&self, space: &str, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
         let mut response = self
-            .call("kv_get", key, self.kv().get(self.kv_key(space, key), None))
+            .call("kv_get", key, || self.get_request(self.kv_key(space, key)))
             .await?;
         self.saw(response.header());
         Ok(response
@@ -469,6 +516,16 @@ fn previous_lease(response: &TxnResponse) -> i64 {
 /// Permanent: what retrying cannot fix (bad credentials, missing permission, invalid
 /// arguments or options, auth not enabled). Everything else (unreachable endpoints, broken
 /// connections, timeouts, no leader or quorum, too many requests) is worth retrying.
+/// True if the request failed because the member it went to could not be reached: sent
+/// again, it may reach another.
+fn member_unreachable(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::TransportError(_) => true,
+        etcd_client::Error::GRpcStatus(status) => status.code() == Code::Unavailable,
+        _ => false,
+    }
+}
+
 fn classify(context: &str, e: etcd_client::Error) -> StoreError {
     use etcd_client::Error as E;
     let transient = match &e {

@@ -1,4 +1,5 @@
-//! A throw-away single-member etcd for tests and benchmarks: a real `etcd` child process.
+//! Throw-away etcd for tests and benchmarks: a real `etcd` child process, or a 3-member
+//! cluster of them.
 //!
 //! Self-contained (std + tempfile) so benches and the end-to-end test crate can include it
 //! with `#[path = ".../test_server.rs"] mod test_server;`.
@@ -178,17 +179,138 @@ impl EtcdServer {
         }
     }
 
-    /// Asks etcd's `/health` endpoint (served on a plain client port next to gRPC).
     fn healthy(&self) -> bool {
-        let Ok(mut stream) = TcpStream::connect((Ipv4Addr::LOCALHOST, self.health_port)) else {
-            return false;
+        healthy(self.health_port)
+    }
+}
+
+/// Asks the `/health` endpoint of the etcd serving plain HTTP on loopback `port`.
+fn healthy(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect((Ipv4Addr::LOCALHOST, port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    let request = "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    let mut response = String::new();
+    stream.write_all(request.as_bytes()).is_ok()
+        && stream.read_to_string(&mut response).is_ok()
+        && response.contains("\"health\":\"true\"")
+}
+
+/// A 3-member etcd cluster: each member serves clients on loopback and on the extra
+/// addresses given (the root-namespace ends of test veth links), and peers on loopback.
+pub struct EtcdCluster {
+    members: Vec<Child>,
+    client_ports: Vec<u16>,
+    dir: tempfile::TempDir,
+}
+
+impl EtcdCluster {
+    /// Starts three members and waits until each reports healthy; `None` (printed) without
+    /// an `etcd` binary, unless `CI` is set.
+    pub fn start(extra_addresses: &[&str]) -> Option<Self> {
+        let Some(binary) = find_on_path("etcd") else {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "etcd is not on PATH, and CI is set"
+            );
+            let _ = writeln!(std::io::stderr(), "SKIPPED: etcd is not on PATH");
+            return None;
         };
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
-        let request = "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-        let mut response = String::new();
-        stream.write_all(request.as_bytes()).is_ok()
-            && stream.read_to_string(&mut response).is_ok()
-            && response.contains("\"health\":\"true\"")
+        let dir = tempfile::tempdir().expect("temp dir for etcd");
+        let ports: [u16; 6] = free_ports();
+        let (client_ports, peer_ports) = (ports[..3].to_vec(), ports[3..].to_vec());
+        let initial = (0..3)
+            .map(|i| format!("m{i}=http://127.0.0.1:{}", peer_ports[i]))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut members = Vec::new();
+        for i in 0..3 {
+            let member_dir = dir.path().join(format!("m{i}"));
+            std::fs::create_dir_all(&member_dir).expect("member dir");
+            let mut client = format!("http://127.0.0.1:{}", client_ports[i]);
+            for address in extra_addresses {
+                client.push_str(&format!(",http://{address}:{}", client_ports[i]));
+            }
+            let peer = format!("http://127.0.0.1:{}", peer_ports[i]);
+            let args: Vec<OsString> = [
+                "--name",
+                &format!("m{i}"),
+                "--data-dir",
+                &member_dir.join("data").display().to_string(),
+                "--listen-client-urls",
+                &client,
+                "--advertise-client-urls",
+                &client,
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+                "--initial-cluster",
+                &initial,
+                "--initial-cluster-state",
+                "new",
+                "--heartbeat-interval",
+                "10",
+                "--election-timeout",
+                "100",
+                "--logger",
+                "zap",
+                "--log-level",
+                "warn",
+            ]
+            .map(OsString::from)
+            .to_vec();
+            members.push(spawn(&binary, &args, &member_dir));
+        }
+        let cluster = Self {
+            members,
+            client_ports,
+            dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !cluster.client_ports.iter().all(|p| healthy(*p)) {
+            assert!(
+                Instant::now() < deadline,
+                "etcd cluster not healthy within 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Some(cluster)
+    }
+
+    /// The client endpoints at `address`, as `address:port,...`.
+    pub fn endpoints_at(&self, address: &str) -> String {
+        self.client_ports
+            .iter()
+            .map(|p| format!("{address}:{p}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Kills member `i` (SIGKILL).
+    pub fn kill(&mut self, i: usize) {
+        let _ = self.members[i].kill();
+        let _ = self.members[i].wait();
+    }
+
+    /// The members' logs, for failure messages.
+    pub fn log(&self) -> String {
+        (0..3)
+            .map(|i| {
+                std::fs::read_to_string(self.dir.path().join(format!("m{i}/etcd.log")))
+                    .unwrap_or_default()
+            })
+            .collect()
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for member in &mut self.members {
+            let _ = member.kill();
+            let _ = member.wait();
+        }
     }
 }
 
