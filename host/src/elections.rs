@@ -304,6 +304,10 @@ impl Elections {
         for key in keys {
             self.release(&key).await;
         }
+        // An abandoned insert may still be running in the store: its delete must come after.
+        if let Some(lease) = abandoned.iter().map(|(_, (_, lease))| *lease).max() {
+            self.store.settle(lease / RELEASE_DIVISOR).await;
+        }
         for (key, (value, lease)) in abandoned {
             self.delete_bounded(&key, &value, lease).await;
         }

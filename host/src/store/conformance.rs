@@ -55,6 +55,7 @@ macro_rules! suite {
             terms_increase_across_delete_expire_and_reopen, get_reports_time_left,
             records_from_before_a_reboot_are_expired, kv_writes_are_fenced_by_term,
             a_stale_writer_racing_a_takeover_never_lands_after_the_new_one,
+            an_insert_applied_despite_an_error_is_retaken_at_once_and_cleaned_up,
             wait_released_wakes_on_delete);
     };
     // `optional: expr` takes an `Option` of a backend; `None` (e.g. a missing server binary,
@@ -419,4 +420,162 @@ pub(crate) async fn wait_released_wakes_on_delete<B: Backend>(b: &mut B) {
         .await
         .expect("wait_released returned after the delete, not after an hour")
         .unwrap();
+}
+
+/// A backend whose first insert is applied and then reported as a transient error: a write
+/// of unknown outcome (an etcd timeout after the cluster applied it, a redb commit whose
+/// answer was lost).
+struct AppliedThenFailed<S> {
+    inner: S,
+    failed_once: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl<S: Store> TtlStore for AppliedThenFailed<S> {
+    async fn insert_if_absent(
+        &self,
+        key: &str,
+        value: &str,
+        ttl: Duration,
+    ) -> Result<Option<super::Term>, super::StoreError> {
+        let inserted = self.inner.insert_if_absent(key, value, ttl).await;
+        if self
+            .failed_once
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            inserted
+        } else {
+            Err(super::StoreError::transient(
+                "test",
+                "applied, then the answer was lost",
+            ))
+        }
+    }
+
+    async fn compare_and_swap(
+        &self,
+        key: &str,
+        expected: &str,
+        new: &str,
+        ttl: Duration,
+    ) -> Result<bool, super::StoreError> {
+        self.inner.compare_and_swap(key, expected, new, ttl).await
+    }
+
+    async fn compare_and_delete(
+        &self,
+        key: &str,
+        expected: &str,
+    ) -> Result<bool, super::StoreError> {
+        self.inner.compare_and_delete(key, expected).await
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<super::Record>, super::StoreError> {
+        self.inner.get(key).await
+    }
+
+    async fn wait_released(&self, max: Duration) {
+        self.inner.wait_released(max).await;
+    }
+
+    async fn settle(&self, max: Duration) {
+        self.inner.settle(max).await;
+    }
+}
+
+#[async_trait::async_trait]
+impl<S: Store> FencedKv for AppliedThenFailed<S> {
+    async fn kv_get(&self, space: &str, key: &str) -> Result<Option<Vec<u8>>, super::StoreError> {
+        self.inner.kv_get(space, key).await
+    }
+
+    async fn kv_set(
+        &self,
+        fence: &Fence<'_>,
+        space: &str,
+        key: &str,
+        value: &[u8],
+    ) -> Result<bool, super::StoreError> {
+        self.inner.kv_set(fence, space, key, value).await
+    }
+}
+
+/// Services that start and stop at once.
+struct NoServices;
+
+struct NoneRunning;
+
+#[async_trait::async_trait]
+impl crate::services::RunningServices for NoneRunning {
+    async fn stop(self: Box<Self>) {}
+}
+
+#[async_trait::async_trait]
+impl crate::services::Services for NoServices {
+    async fn start(
+        &self,
+        _: crate::services::ServiceContext,
+    ) -> Result<Box<dyn crate::services::RunningServices>, crate::services::ServiceError> {
+        Ok(Box::new(NoneRunning))
+    }
+}
+
+/// An insert that failed may have been applied. On every backend: a campaigning host takes
+/// its own record for what it is and leads at once (not after the lease), and an elections
+/// cleanup deletes such a record.
+pub(crate) async fn an_insert_applied_despite_an_error_is_retaken_at_once_and_cleaned_up<
+    B: Backend,
+>(
+    b: &mut B,
+) {
+    use crate::clock::{Clock, SystemClock};
+    use crate::elections::Elections;
+    use crate::killer::Killer;
+    use crate::vvm::{Vvm, VvmConfig, VvmState};
+
+    let clock = ManualClock::default();
+    let local: Arc<dyn Clock> = Arc::new(SystemClock::local());
+    let quiet_killer = || Arc::new(Killer::with_action(Arc::clone(&local), Arc::new(|_| {})));
+
+    // Cleanup after a failed, applied insert.
+    let s = Arc::new(AppliedThenFailed {
+        inner: b.open(&clock).await,
+        failed_once: Default::default(),
+    });
+    let killer = quiet_killer();
+    let elections = Elections::new(s.clone(), Arc::clone(&killer), Arc::clone(&local));
+    assert!(elections.acquire("c", "me", B::TTL).await.is_err());
+    assert_eq!(
+        s.inner.get("c").await.unwrap().unwrap().value,
+        "me",
+        "applied"
+    );
+    elections.cleanup().await;
+    assert!(
+        s.inner.get("c").await.unwrap().is_none(),
+        "cleanup deleted it"
+    );
+    killer.disarm();
+
+    // A campaign whose first insert failed but was applied leads at once.
+    let s = Arc::new(AppliedThenFailed {
+        inner: b.open(&clock).await,
+        failed_once: Default::default(),
+    });
+    let config = VvmConfig {
+        lease: B::TTL,
+        ..VvmConfig::default()
+    };
+    let vvm = Vvm::provide(config, s, Arc::new(NoServices))
+        .with_clock_and_killer(Arc::clone(&local), quiet_killer())
+        .launch();
+    let mut state = vvm.state();
+    tokio::time::timeout(
+        B::TTL / 2,
+        state.wait_for(|s| matches!(s, VvmState::Leading { .. })),
+    )
+    .await
+    .expect("the host waited for its own record")
+    .unwrap();
+    assert_eq!(vvm.shutdown().await, None);
 }

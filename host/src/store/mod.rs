@@ -121,6 +121,14 @@ pub trait TtlStore: Send + Sync {
     /// Interest is registered at the future's first poll: a release after that poll wakes it,
     /// so a caller can poll once, look at the records, then wait without missing a release.
     async fn wait_released(&self, max: Duration);
+
+    /// Returns once every write this handle started has ended, or after `max` at the latest.
+    /// A write whose caller gave up (its future dropped, a timeout) may still be running and
+    /// land later; cleanup waits here so that its delete comes after such a write. A backend
+    /// whose writes cannot outlive their callers returns at once (the default).
+    async fn settle(&self, max: Duration) {
+        let _ = max;
+    }
 }
 
 /// A key-value store for guests whose writes are fenced by the writer's lease (SPEC §7).

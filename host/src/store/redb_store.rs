@@ -65,6 +65,9 @@ struct Inner {
     /// Lease writes queued for `writer`: while there are any, guest key-value writes wait, so
     /// a guest writing at full speed cannot delay a renewal by more than one commit.
     lease_writes_waiting: AtomicUsize,
+    /// Writes running on the blocking pool, whether or not their caller still waits for them:
+    /// redb cannot stop a commit once it has begun ([`TtlStore::settle`] waits for them).
+    writes_in_flight: tokio::sync::watch::Sender<usize>,
     busy_timeout: Duration,
     /// Wakes this process's waiters at once when it releases a record itself.
     released: Notify,
@@ -175,6 +178,7 @@ impl RedbStore {
                 db: RwLock::new(db),
                 writer: Mutex::new(()),
                 lease_writes_waiting: AtomicUsize::new(0),
+                writes_in_flight: tokio::sync::watch::Sender::new(0),
                 busy_timeout,
                 released: Notify::new(),
                 watch,
@@ -218,7 +222,10 @@ impl RedbStore {
     ) -> Result<T, StoreError> {
         let inner = Arc::clone(&self.inner);
         let lease_write = op != KV_SET;
+        inner.writes_in_flight.send_modify(|n| *n += 1);
+        let in_flight = InFlightWrite(Arc::clone(&inner));
         self.blocking(op, move || {
+            let _ended = in_flight;
             let _queue = inner.queue_for_writing(lease_write);
             let Handle::Write(db) = inner.db() else {
                 return Err(Fault::ReadOnly);
@@ -291,6 +298,18 @@ fn system_clock() -> Result<Arc<dyn Clock>, StoreError> {
     let clock = SystemClock::new()
         .map_err(|e| StoreError::permanent("reading the kernel boot id for the store clock", e))?;
     Ok(Arc::new(clock))
+}
+
+/// Counts one write out of [`Inner::writes_in_flight`] when the blocking task running it ends
+/// (or is dropped unrun).
+struct InFlightWrite(Arc<Inner>);
+
+impl Drop for InFlightWrite {
+    fn drop(&mut self) {
+        self.0
+            .writes_in_flight
+            .send_modify(|n| *n = n.saturating_sub(1));
+    }
 }
 
 /// The operation name of guest key-value writes, which yield to lease writes.
@@ -420,6 +439,11 @@ impl TtlStore for RedbStore {
     /// than a spurious return. Without inotify (watch limit reached, a filesystem that does
     /// not report writes), or should the watch miss an event, the counter is also polled,
     /// every [`FALLBACK_POLL`] or [`SAFETY_POLL`].
+    async fn settle(&self, max: Duration) {
+        let mut in_flight = self.inner.writes_in_flight.subscribe();
+        let _ = tokio::time::timeout(max, in_flight.wait_for(|n| *n == 0)).await;
+    }
+
     async fn wait_released(&self, max: Duration) {
         let deadline = crate::clock::tokio_after(tokio::time::Instant::now(), max);
         let notified = self.inner.released.notified();

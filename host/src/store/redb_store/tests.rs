@@ -339,3 +339,39 @@ async fn a_read_only_handle_takes_no_write_lock_and_refuses_writes() {
     let e = missing.err().unwrap();
     assert!(e.to_string().contains("absent.redb"), "{e}");
 }
+
+/// A write whose caller gave up still runs to its end on the blocking pool: `settle` waits
+/// for it, so that cleanup's delete cannot come before a late commit and leave the record
+/// behind until it expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// Holding the writer queue across awaits is the point: it is the stuck commit.
+#[allow(clippy::await_holding_lock)]
+async fn settle_waits_for_a_write_whose_caller_gave_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::default());
+    let store = RedbStore::open_with_clock(&path, clock).await.unwrap();
+    // Hold this process's writer queue, so the insert is stuck before its commit.
+    let queue = store.inner.writer.lock().unwrap();
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(20),
+        store.insert_if_absent("1", "a", TTL),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the insert could not have finished");
+    let settled = tokio::spawn({
+        let store = store.clone();
+        async move { store.settle(Duration::from_secs(30)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        !settled.is_finished(),
+        "settled while the insert was still running"
+    );
+    drop(queue);
+    settled.await.unwrap();
+    // The late commit has landed: a delete now removes it for good.
+    assert_eq!(store.get("1").await.unwrap().unwrap().value, "a");
+    assert!(store.compare_and_delete("1", "a").await.unwrap());
+    assert!(store.get("1").await.unwrap().is_none());
+}
