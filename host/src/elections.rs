@@ -24,6 +24,8 @@ const RENEW_DIVISOR: u32 = 4;
 const RETRY_DIVISOR: u32 = 20;
 /// Renewal attempts per tick before the lease is given up.
 const CAS_ATTEMPTS: u32 = 3;
+/// One renewal attempt waits at most `L / ATTEMPT_DIVISOR` for the store.
+const ATTEMPT_DIVISOR: u32 = 10;
 /// A release waits at most `L / RELEASE_DIVISOR` for the store to delete the record: past that
 /// the record expires on its own, and a stalled store must not hang the shutdown sequence.
 const RELEASE_DIVISOR: u32 = 4;
@@ -336,9 +338,19 @@ impl Elections {
             let mut attempt = 1;
             loop {
                 let cas_start = self.clock.now();
+                // Each attempt waits at most L/10: three of them end (lost, at worst) well
+                // before the killer's 0.8·L. A write given up on may still land; only an answer
+                // moves the deadline.
+                let cas = self
+                    .store
+                    .compare_and_swap(&r.key, &r.value, &r.value, r.lease);
+                let cas = tokio::time::timeout(r.lease / ATTEMPT_DIVISOR, cas);
                 let outcome = tokio::select! {
                     () = r.stop.cancelled() => return,
-                    outcome = self.store.compare_and_swap(&r.key, &r.value, &r.value, r.lease) => outcome,
+                    outcome = cas => outcome.unwrap_or_else(|_| Err(StoreError::transient(
+                        format!("renew {}", r.key),
+                        "no answer within L/10",
+                    ))),
                 };
                 match outcome {
                     Ok(true) => {

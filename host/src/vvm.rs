@@ -13,7 +13,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::elections::{ElectionError, Elections, Leadership};
 use crate::killer::Killer;
 use crate::services::{LeaseInfo, ServiceContext, ServiceError, Services};
-use crate::store::{Store, Term};
+use crate::store::{Store, StoreError, Term};
 
 /// The first fatal error of a running VVM: reported once, returned by shutdown.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -396,7 +396,14 @@ impl Launcher {
                     return Ok(None);
                 }
                 let key = slot_key(slot);
-                match elections.acquire(&key, &config.holder, config.lease).await {
+                // No store call may hold the campaign up for ever: past L/4 it counts as a
+                // transient failure (the insert, if it lands, is ours and is retaken or
+                // cleaned up; see below).
+                let attempt = elections.acquire(&key, &config.holder, config.lease);
+                let attempt = tokio::time::timeout(config.lease / 4, attempt)
+                    .await
+                    .unwrap_or_else(|_| Err(ElectionError::Store(no_answer("acquire", &key))));
+                match attempt {
                     Ok(Some(leadership)) => return Ok(Some((slot, leadership))),
                     Ok(None) => {}
                     Err(ElectionError::CleanedUp) => return Ok(None),
@@ -407,7 +414,10 @@ impl Launcher {
                     }
                     Err(ElectionError::Store(e)) => return Err(Problem::Store(e.to_string())),
                 }
-                match store.get(&key).await {
+                let read = tokio::time::timeout(config.lease / 4, store.get(&key))
+                    .await
+                    .unwrap_or_else(|_| Err(no_answer("get", &key)));
+                match read {
                     // Our own record: an earlier insert of this campaign failed (a timeout, an
                     // error) yet was applied. Holder values are unique per campaign, so it is
                     // certainly ours: delete it and try again at once, rather than wait out L.
@@ -451,6 +461,11 @@ impl Launcher {
             }
         }
     }
+}
+
+/// The error of a store call the campaign stopped waiting for.
+fn no_answer(op: &str, key: &str) -> StoreError {
+    StoreError::transient(format!("{op} {key}"), "no answer within L/4")
 }
 
 /// The leadership monitor: on loss, report [`Problem::LeadershipLost`] and tell the services

@@ -348,15 +348,30 @@ async fn valid_until_is_the_start_of_the_last_successful_write_plus_0_8_l() {
     tokio::time::sleep_until(t0 + Duration::from_millis(11_500)).await;
     assert_eq!(lead.deadline().get(), f.at(t0 + secs(11 + 16)));
     assert_eq!(f.killer.deadline(), Some(f.at(t0 + secs(11 + 16))));
-    // Renewal stalls: the deadline passes (inclusive) exactly at t0+27, before the record
-    // written at t0+11 expires at t0+31.
+    // Renewal stalls: each attempt gives up after L/10 (t0+16..18, 19..21, 22..24), and the
+    // lease is lost at t0+24, which pulls the deadline in: before its t0+27, and well before
+    // the record written at t0+11 expires at t0+31. The killer keeps t0+27.
     f.store.set_default(Op::Cas, Fault::Stall);
-    tokio::time::sleep_until(t0 + Duration::from_millis(26_500)).await;
-    // Timers are in whole milliseconds, `advance` is exact.
-    advance(Duration::from_millis(500) - Duration::from_nanos(1)).await;
-    assert!(!lead.deadline().has_passed());
-    advance(Duration::from_nanos(1)).await;
+    tokio::time::sleep_until(t0 + Duration::from_millis(23_990)).await;
+    assert!(!lead.deadline().has_passed() && !lead.is_lost());
+    // Timers round up to whole milliseconds: a few of them in a row land a little later.
+    tokio::time::sleep_until(t0 + Duration::from_millis(24_100)).await;
+    let cas: Vec<Duration> = f
+        .store
+        .calls_of(Op::Cas)
+        .iter()
+        .map(|c| c.start - t0)
+        .collect();
+    assert!(
+        lead.is_lost(),
+        "lost after three attempts of L/10, not hung; attempts at {cas:?}"
+    );
     assert!(lead.deadline().has_passed());
+    let pulled_in = lead.deadline().get();
+    assert!(
+        f.at(t0 + secs(24)) <= pulled_in && pulled_in <= f.at(t0 + Duration::from_millis(24_100))
+    );
+    assert_eq!(f.killer.deadline(), Some(f.at(t0 + secs(11 + 16))));
     assert!(
         f.store.inner.get(KEY).await.unwrap().is_some(),
         "still live until t0+31"
@@ -389,9 +404,7 @@ async fn the_killer_keeps_the_earliest_deadline_of_several_leases() {
     let _two = f.elections.acquire("slot/2", ME, L).await.unwrap().unwrap();
     assert_eq!(f.killer.deadline(), Some(valid_until(f.at(t0), L)));
     // slot/1 cannot renew; slot/2 can. slot/2's renewals must not push the killer past slot/1.
-    f.store.set_default(Op::Cas, Fault::Stall);
-    tokio::time::sleep_until(t0 + Duration::from_millis(5_500)).await; // slot/1's CAS hangs
-    f.store.set_default(Op::Cas, Fault::Pass);
+    f.store.stall_key("slot/1");
     tokio::time::sleep_until(t0 + Duration::from_millis(15_500)).await; // slot/2 renews twice
     let renewed = f
         .store

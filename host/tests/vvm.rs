@@ -705,3 +705,31 @@ async fn an_insert_applied_despite_an_error_does_not_make_the_host_wait_for_itse
     assert_eq!(shut(vvm).await, None);
     assert_eq!(record(&mem, 1).await, None);
 }
+
+/// No store call holds the campaign up for ever: an insert that never answers counts as a
+/// transient failure after L/4, and the next round acquires.
+#[tokio::test(start_paused = true)]
+async fn a_store_call_that_never_answers_does_not_hang_the_campaign() {
+    let mem = mem_store();
+    let journal = Journal::default();
+    let store = FaultyStore::new(mem.clone(), "a", &journal);
+    store.script(Op::Insert, [Fault::Stall]);
+    let services = RecordingServices::new("a", Behaviour::default(), &journal);
+    let clock = TokioClock::new();
+    let (_, killer) = counting_killer(&clock);
+    let t0 = Instant::now();
+    let vvm = Vvm::provide(config("a", 1), store, services)
+        .with_clock_and_killer(Arc::new(clock), killer)
+        .launch();
+    let mut state = vvm.state();
+    tokio::time::timeout(
+        L * 2,
+        state.wait_for(|s| matches!(s, VvmState::Leading { .. })),
+    )
+    .await
+    .expect("the campaign hung on a stalled insert")
+    .unwrap();
+    let waited = Instant::now() - t0;
+    assert!(waited >= L / 4 && waited < L / 2, "led after {waited:?}");
+    assert_eq!(shut(vvm).await, None);
+}

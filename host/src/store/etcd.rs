@@ -214,10 +214,12 @@ impl EtcdStore {
     }
 
     /// The lease the record under `key` is on: the one our last write used, or (for a record
-    /// this handle has not written) the one etcd reports. `None` if there is no record.
+    /// this handle has not written) the one etcd reports. `None` if there is no record. Taken
+    /// out of the map: only a swap that is answered puts its lease back, so after one that
+    /// errored, timed out or was dropped (and may land all the same) the next one reads.
     async fn current_lease(&self, op: &str, key: &str) -> Result<Option<i64>, StoreError> {
-        if let Some(lease) = self.written_on().get(key) {
-            return Ok(Some(*lease));
+        if let Some(lease) = self.written_on().remove(key) {
+            return Ok(Some(lease));
         }
         let mut response = self
             .call(op, key, || self.get_request(self.record_key(key)))
@@ -350,12 +352,8 @@ impl TtlStore for EtcdStore {
         // not be made conditional on the value in the same transaction.
         let lease = self.grant(OP, key, ttl).await?;
         let txn = self.swap_txn(key, expected, new, current, lease);
-        let response = self.txn(OP, key, txn).await.inspect_err(|_| {
-            // The swap may have been applied all the same: read the record's lease next time.
-            self.written_on().remove(key);
-        })?;
+        let response = self.txn(OP, key, txn).await?;
         if !response.succeeded() {
-            self.written_on().remove(key);
             self.revoke_quietly(lease).await;
             return Ok(false);
         }

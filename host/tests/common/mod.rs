@@ -115,6 +115,7 @@ pub struct FaultyStore {
     scripts: Mutex<HashMap<Op, VecDeque<Fault>>>,
     defaults: Mutex<HashMap<Op, Fault>>,
     stall_all: Mutex<bool>,
+    stalled_keys: Mutex<Vec<String>>,
     calls: Mutex<Vec<Call>>,
 }
 
@@ -127,6 +128,7 @@ impl FaultyStore {
             scripts: Mutex::default(),
             defaults: Mutex::default(),
             stall_all: Mutex::new(false),
+            stalled_keys: Mutex::default(),
             calls: Mutex::default(),
         })
     }
@@ -151,6 +153,11 @@ impl FaultyStore {
         *self.stall_all.lock().unwrap() = true;
     }
 
+    /// From now on every call on `key` never answers.
+    pub fn stall_key(&self, key: &str) {
+        self.stalled_keys.lock().unwrap().push(key.to_owned());
+    }
+
     pub fn calls(&self) -> Vec<Call> {
         self.calls.lock().unwrap().clone()
     }
@@ -159,8 +166,10 @@ impl FaultyStore {
         self.calls().into_iter().filter(|c| c.op == op).collect()
     }
 
-    fn next_fault(&self, op: Op) -> Fault {
-        if *self.stall_all.lock().unwrap() {
+    fn next_fault(&self, op: Op, key: &str) -> Fault {
+        if *self.stall_all.lock().unwrap()
+            || self.stalled_keys.lock().unwrap().iter().any(|k| k == key)
+        {
             return Fault::Stall;
         }
         let scripted = self
@@ -202,7 +211,7 @@ impl FaultyStore {
             });
             calls.len() - 1
         };
-        let fault = self.next_fault(op);
+        let fault = self.next_fault(op, key);
         let result = match fault {
             Fault::Pass => pass.await,
             Fault::Answer(a) => Ok(answer(a)),
