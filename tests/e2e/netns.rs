@@ -142,22 +142,55 @@ fn serve_in(ns: &Netns, name: &'static str, dir: &Path, etcd: &EtcdCluster) -> H
     )
 }
 
+/// The set-up of each test: namespaces `a` and `b`, a 3-member etcd reachable from both,
+/// the journal guest's directory, and host `a` leading (its guest writing) with host `b`
+/// standing by.
+struct Cluster {
+    ns_a: Netns,
+    ns_b: Netns,
+    etcd: EtcdCluster,
+    dir: tempfile::TempDir,
+    a: Host,
+    b: Host,
+}
+
+impl Cluster {
+    /// `None` (said on stderr) where namespaces or etcd are missing, outside CI.
+    fn start(test: u8) -> Option<Self> {
+        let (ns_a, ns_b) = two_namespaces(test)?;
+        let etcd = EtcdCluster::start(&[&ns_a.root_address, &ns_b.root_address])?;
+        let dir = journal_dir();
+        let a = serve_in(&ns_a, "a", dir.path(), &etcd);
+        a.wait_for(&["journal "]);
+        let b = serve_in(&ns_b, "b", dir.path(), &etcd);
+        b.wait_for(&["campaigning"]);
+        Some(Self {
+            ns_a,
+            ns_b,
+            etcd,
+            dir,
+            a,
+            b,
+        })
+    }
+}
+
 /// The leader is cut off from etcd (its link goes down). The standby takes over once the
 /// lease expires, and the old leader has no guest effect after the new leader's first: the
 /// terms in the shared journal file never go down, nor in the logs.
 #[test]
 fn a_leader_cut_off_from_etcd_has_no_effect_after_the_new_leaders_first() {
-    let Some((ns_a, ns_b)) = two_namespaces(1) else {
+    let Some(Cluster {
+        ns_a,
+        ns_b: _ns_b,
+        etcd: _etcd,
+        dir,
+        mut a,
+        mut b,
+    }) = Cluster::start(1)
+    else {
         return;
     };
-    let Some(etcd) = EtcdCluster::start(&[&ns_a.root_address, &ns_b.root_address]) else {
-        return;
-    };
-    let dir = journal_dir();
-    let mut a = serve_in(&ns_a, "a", dir.path(), &etcd);
-    a.wait_for(&["journal "]);
-    let mut b = serve_in(&ns_b, "b", dir.path(), &etcd);
-    b.wait_for(&["campaigning"]);
     ns_a.link(false);
     // B leads once A's lease has expired in etcd.
     b.wait_for(&["journal "]);
@@ -194,17 +227,17 @@ fn a_leader_cut_off_from_etcd_has_no_effect_after_the_new_leaders_first() {
 /// continues with no takeover.
 #[test]
 fn killing_one_etcd_member_under_a_leader_causes_no_takeover() {
-    let Some((ns_a, ns_b)) = two_namespaces(2) else {
+    let Some(Cluster {
+        ns_a: _ns_a,
+        ns_b: _ns_b,
+        mut etcd,
+        dir: _dir,
+        mut a,
+        mut b,
+    }) = Cluster::start(2)
+    else {
         return;
     };
-    let Some(mut etcd) = EtcdCluster::start(&[&ns_a.root_address, &ns_b.root_address]) else {
-        return;
-    };
-    let dir = journal_dir();
-    let mut a = serve_in(&ns_a, "a", dir.path(), &etcd);
-    a.wait_for(&["journal "]);
-    let mut b = serve_in(&ns_b, "b", dir.path(), &etcd);
-    b.wait_for(&["campaigning"]);
     etcd.kill(0);
     // Three leases' worth: any loss would have shown by then.
     std::thread::sleep(Duration::from_secs(6));
