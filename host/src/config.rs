@@ -159,6 +159,17 @@ mod opt_duration {
     }
 }
 
+/// The default lease duration `L`.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(20);
+/// The default acquisition timeout.
+pub const DEFAULT_ACQUISITION_TIMEOUT: Duration = Duration::from_secs(120);
+/// The default grace period of a stopping service.
+pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(5);
+/// The default memory cap per instance, MiB.
+pub const DEFAULT_MEMORY_LIMIT_MIB: u64 = 64;
+/// The default cluster size.
+pub const DEFAULT_CLUSTER_SIZE: u32 = 1;
+
 /// The shortest lease: renewal runs every `L/4` and retries `L/20` apart.
 pub const MIN_LEASE: Duration = Duration::from_millis(100);
 /// The longest lease: a crashed leader's slot stays taken this long. Past a day a lease only

@@ -21,7 +21,7 @@ use crate::store::{Store, StoreError, Term};
 /// Renew every `L / RENEW_DIVISOR`.
 const RENEW_DIVISOR: u32 = 4;
 /// Between failed renewal attempts wait `L / RETRY_DIVISOR`.
-const RETRY_DIVISOR: u32 = 20;
+pub(crate) const RETRY_DIVISOR: u32 = 20;
 /// Renewal attempts per tick before the lease is given up.
 const CAS_ATTEMPTS: u32 = 3;
 /// One renewal attempt waits at most `L / ATTEMPT_DIVISOR` for the store.

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::{Clock, SystemClock};
-use crate::elections::{ElectionError, Elections, Leadership};
+use crate::elections::{ElectionError, Elections, Leadership, RETRY_DIVISOR};
 use crate::killer::Killer;
 use crate::services::{LeaseInfo, ServiceContext, ServiceError, Services};
 use crate::store::{Store, StoreError, Term};
@@ -101,9 +101,9 @@ pub struct VvmConfig {
 impl Default for VvmConfig {
     fn default() -> Self {
         Self {
-            cluster_size: 1,
-            lease: Duration::from_secs(20),
-            acquisition_timeout: Duration::from_secs(120),
+            cluster_size: crate::config::DEFAULT_CLUSTER_SIZE,
+            lease: crate::config::DEFAULT_LEASE,
+            acquisition_timeout: crate::config::DEFAULT_ACQUISITION_TIMEOUT,
             holder: holder_value(),
         }
     }
@@ -187,6 +187,7 @@ impl Vvm {
 
     /// Starts the VVM in the background and returns at once. Consumes the VVM, so it cannot
     /// be launched twice. Must be called inside a tokio runtime.
+    #[must_use = "a launched VVM runs until it is shut down; keep it to shut it down"]
     pub fn launch(self) -> LaunchedVvm {
         let problems = ProblemReporter::default();
         let shutdown = CancellationToken::new();
@@ -409,7 +410,7 @@ impl Launcher {
                     Err(ElectionError::CleanedUp) => return Ok(None),
                     Err(ElectionError::Store(e)) if e.is_transient() => {
                         tracing::warn!(slot, error = %e, "acquire failed, will retry");
-                        wait = wait.min(config.lease / 20);
+                        wait = wait.min(config.lease / RETRY_DIVISOR);
                         continue;
                     }
                     Err(ElectionError::Store(e)) => return Err(Problem::Store(e.to_string())),
@@ -438,7 +439,7 @@ impl Launcher {
                     Ok(None) => wait = Duration::ZERO,
                     Err(e) => {
                         tracing::warn!(slot, error = %e, "reading the lease failed");
-                        wait = wait.min(config.lease / 20);
+                        wait = wait.min(config.lease / RETRY_DIVISOR);
                     }
                 }
             }

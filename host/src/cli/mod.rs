@@ -156,7 +156,7 @@ impl Settings {
         let memory_limit_mib = serve
             .and_then(|s| s.memory_limit_mib)
             .or(file.memory_limit_mib)
-            .unwrap_or(64);
+            .unwrap_or(config::DEFAULT_MEMORY_LIMIT_MIB);
         let settings = Self {
             store: store
                 .store
@@ -171,19 +171,22 @@ impl Settings {
                 key: store.etcd_key.clone().or(etcd_file.key),
                 prefix: etcd_file.prefix,
             },
-            cluster_size: store.cluster_size.or(file.cluster_size).unwrap_or(1),
+            cluster_size: store
+                .cluster_size
+                .or(file.cluster_size)
+                .unwrap_or(config::DEFAULT_CLUSTER_SIZE),
             lease: serve
                 .and_then(|s| s.lease)
                 .or(file.lease)
-                .unwrap_or(Duration::from_secs(20)),
+                .unwrap_or(config::DEFAULT_LEASE),
             acquisition_timeout: serve
                 .and_then(|s| s.acquisition_timeout)
                 .or(file.acquisition_timeout)
-                .unwrap_or(Duration::from_secs(120)),
+                .unwrap_or(config::DEFAULT_ACQUISITION_TIMEOUT),
             grace_period: serve
                 .and_then(|s| s.grace_period)
                 .or(file.grace_period)
-                .unwrap_or(Duration::from_secs(5)),
+                .unwrap_or(config::DEFAULT_GRACE_PERIOD),
             memory_limit: memory_limit_mib.saturating_mul(1 << 20),
             cache_dir: serve
                 .and_then(|s| s.cache_dir.clone())

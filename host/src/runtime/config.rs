@@ -40,8 +40,9 @@ impl RuntimeConfig {
         Self {
             cache_dir: services_dir.join(".cache"),
             services_dir,
-            grace_period: Duration::from_secs(5),
-            memory_cap: 64 << 20,
+            grace_period: crate::config::DEFAULT_GRACE_PERIOD,
+            memory_cap: usize::try_from(crate::config::DEFAULT_MEMORY_LIMIT_MIB << 20)
+                .unwrap_or(usize::MAX),
             epoch_tick: Duration::from_millis(1),
             pooling: false,
             max_instances: 1000,
