@@ -401,10 +401,7 @@ impl Launcher {
                 // transient failure (the insert, if it lands, is ours and is retaken or
                 // cleaned up; see below).
                 let attempt = elections.acquire(&key, &config.holder, config.lease);
-                let attempt = tokio::time::timeout(config.lease / 4, attempt)
-                    .await
-                    .unwrap_or_else(|_| Err(ElectionError::Store(no_answer("acquire", &key))));
-                match attempt {
+                match within_quarter_lease(config.lease, "acquire", &key, attempt).await {
                     Ok(Some(leadership)) => return Ok(Some((slot, leadership))),
                     Ok(None) => {}
                     Err(ElectionError::CleanedUp) => return Ok(None),
@@ -415,10 +412,7 @@ impl Launcher {
                     }
                     Err(ElectionError::Store(e)) => return Err(Problem::Store(e.to_string())),
                 }
-                let read = tokio::time::timeout(config.lease / 4, store.get(&key))
-                    .await
-                    .unwrap_or_else(|_| Err(no_answer("get", &key)));
-                match read {
+                match within_quarter_lease(config.lease, "get", &key, store.get(&key)).await {
                     // Our own record: an earlier insert of this campaign failed (a timeout, an
                     // error) yet was applied. Holder values are unique per campaign, so it is
                     // certainly ours: delete it and try again at once, rather than wait out L.
@@ -464,9 +458,19 @@ impl Launcher {
     }
 }
 
-/// The error of a store call the campaign stopped waiting for.
-fn no_answer(op: &str, key: &str) -> StoreError {
-    StoreError::transient(format!("{op} {key}"), "no answer within L/4")
+/// Awaits a store call of the campaign for at most `L/4`; past that it is a transient
+/// failure, so no store call holds the campaign up for ever.
+async fn within_quarter_lease<T, E: From<StoreError>>(
+    lease: Duration,
+    op: &str,
+    key: &str,
+    call: impl Future<Output = Result<T, E>>,
+) -> Result<T, E> {
+    tokio::time::timeout(lease / 4, call)
+        .await
+        .unwrap_or_else(|_| {
+            Err(StoreError::transient(format!("{op} {key}"), "no answer within L/4").into())
+        })
 }
 
 /// The leadership monitor: on loss, report [`Problem::LeadershipLost`] and tell the services

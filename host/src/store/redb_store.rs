@@ -218,15 +218,15 @@ impl RedbStore {
     async fn write<T: Send + 'static>(
         &self,
         op: &'static str,
+        lane: Lane,
         f: impl FnOnce(&WriteTransaction, Timestamp) -> Result<(T, bool), Fault> + Send + 'static,
     ) -> Result<T, StoreError> {
         let inner = Arc::clone(&self.inner);
-        let lease_write = op != KV_SET;
         inner.writes_in_flight.send_modify(|n| *n += 1);
         let in_flight = InFlightWrite(Arc::clone(&inner));
         self.blocking(op, move || {
             let _ended = in_flight;
-            let _queue = inner.queue_for_writing(lease_write);
+            let _queue = inner.queue_for_writing(lane);
             let Handle::Write(db) = inner.db() else {
                 return Err(Fault::ReadOnly);
             };
@@ -312,15 +312,21 @@ impl Drop for InFlightWrite {
     }
 }
 
-/// The operation name of guest key-value writes, which yield to lease writes.
-const KV_SET: &str = "kv_set";
+/// Which writes go first in this process's writer queue.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Lane {
+    /// Lease records (acquire, renew, release): at once.
+    Lease,
+    /// Guest key-value writes: only while no lease write waits.
+    Guest,
+}
 
 impl Inner {
     /// Takes this process's turn to write: a lease write at once, a guest key-value write
     /// only once no lease write is waiting.
-    fn queue_for_writing(&self, lease_write: bool) -> std::sync::MutexGuard<'_, ()> {
+    fn queue_for_writing(&self, lane: Lane) -> std::sync::MutexGuard<'_, ()> {
         let lock = || self.writer.lock().unwrap_or_else(PoisonError::into_inner);
-        if lease_write {
+        if lane == Lane::Lease {
             self.lease_writes_waiting.fetch_add(1, Ordering::SeqCst);
             let turn = lock();
             self.lease_writes_waiting.fetch_sub(1, Ordering::SeqCst);
@@ -354,7 +360,7 @@ impl TtlStore for RedbStore {
         ttl: Duration,
     ) -> Result<Option<Term>, StoreError> {
         let (key, value) = (key.to_owned(), value.to_owned());
-        self.write("insert_if_absent", move |txn, now| {
+        self.write("insert_if_absent", Lane::Lease, move |txn, now| {
             let mut leases = txn.open_table(LEASES)?;
             if live_lease(&leases, &key, now)?.is_some() {
                 return Ok((None, false));
@@ -377,7 +383,7 @@ impl TtlStore for RedbStore {
         ttl: Duration,
     ) -> Result<bool, StoreError> {
         let (key, expected, new) = (key.to_owned(), expected.to_owned(), new.to_owned());
-        self.write("compare_and_swap", move |txn, now| {
+        self.write("compare_and_swap", Lane::Lease, move |txn, now| {
             let mut leases = txn.open_table(LEASES)?;
             match live_lease(&leases, &key, now)? {
                 Some((lease, _)) if lease.value == expected => {
@@ -393,7 +399,7 @@ impl TtlStore for RedbStore {
     async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool, StoreError> {
         let (key, expected) = (key.to_owned(), expected.to_owned());
         let deleted = self
-            .write("compare_and_delete", move |txn, now| {
+            .write("compare_and_delete", Lane::Lease, move |txn, now| {
                 let mut leases = txn.open_table(LEASES)?;
                 match live_lease(&leases, &key, now)? {
                     Some((lease, _)) if lease.value == expected => {
@@ -508,7 +514,7 @@ impl FencedKv for RedbStore {
     ) -> Result<bool, StoreError> {
         let (lease_key, term) = (fence.lease_key.to_owned(), fence.term);
         let (space, key, value) = (space.to_owned(), key.to_owned(), value.to_vec());
-        self.write(KV_SET, move |txn, now| {
+        self.write("kv_set", Lane::Guest, move |txn, now| {
             let leases = txn.open_table(LEASES)?;
             if live_lease(&leases, &lease_key, now)?.is_none_or(|(lease, _)| lease.term != term) {
                 return Ok((false, false));
