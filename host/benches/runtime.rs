@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use vvm_host::clock::{Clock, ManualClock, SystemClock};
 use vvm_host::elections::LeaseDeadline;
+use vvm_host::problem::ProblemReporter;
 use vvm_host::runtime::{RuntimeConfig, WasmServices};
 use vvm_host::services::{LeaseInfo, ServiceContext, Services};
 use vvm_host::store::{MemStore, TtlStore};
-use vvm_host::vvm::ProblemReporter;
 
 const SERVICES: usize = 100;
 const SPIN_ROUNDS: usize = 20;

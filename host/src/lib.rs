@@ -6,8 +6,9 @@
 //! - [`store`]: the TTL store contract and its backends (memory, redb, etcd).
 //! - [`killer`]: the watchdog thread that ends the process if renewal stalls.
 //! - [`elections`]: acquire, renew and release leases; the local lease deadline.
+//! - [`problem`]: the problem signal: a running VVM's first fatal error, reported once.
 //! - [`services`]: what the lifecycle starts once a slot is held (the seam to the runtime).
-//! - [`vvm`]: the lifecycle: provide, launch, leadership monitor, problem, ordered shutdown.
+//! - [`vvm`]: the lifecycle: provide, launch, leadership monitor, ordered shutdown.
 //! - [`runtime`]: the wasmtime host: components, sandboxes, fencing, supervision.
 //! - [`config`] and [`cli`]: `vvm-host serve`, `status` and `check`.
 
@@ -16,6 +17,7 @@ pub mod clock;
 pub mod config;
 pub mod elections;
 pub mod killer;
+pub mod problem;
 pub mod runtime;
 pub mod services;
 pub mod store;

@@ -10,8 +10,8 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 use crate::elections::LeaseDeadline;
+use crate::problem::ProblemReporter;
 use crate::store::{Store, Term};
-use crate::vvm::ProblemReporter;
 
 /// The lease a set of services runs under, as guests see it.
 #[derive(Clone, Debug, PartialEq, Eq)]

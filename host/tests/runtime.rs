@@ -15,12 +15,12 @@ use tempfile::TempDir;
 use tokio_util::sync::CancellationToken;
 use vvm_host::clock::{Clock, ManualClock, SystemClock};
 use vvm_host::elections::LeaseDeadline;
+use vvm_host::problem::{Problem, ProblemReporter};
 use vvm_host::runtime::{
     DirGrant, Grants, LoadErrorKind, RestartPolicy, RuntimeConfig, ServiceKind, WasmServices,
 };
 use vvm_host::services::{LeaseInfo, ServiceContext, Services};
 use vvm_host::store::{FencedKv, MemStore, TtlStore};
-use vvm_host::vvm::{Problem, ProblemReporter};
 
 const LEASE_KEY: &str = "vvm/slot/1";
 

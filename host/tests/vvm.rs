@@ -13,8 +13,9 @@ use common::{
 use tokio::time::{Instant, sleep};
 use vvm_host::clock::TokioClock;
 use vvm_host::killer::{KILLER_EXIT_CODE, Killer};
+use vvm_host::problem::{Problem, ProblemReporter};
 use vvm_host::store::{MemStore, TtlStore};
-use vvm_host::vvm::{LaunchedVvm, Problem, ProblemReporter, Vvm, VvmConfig, VvmState};
+use vvm_host::vvm::{LaunchedVvm, Vvm, VvmConfig, VvmState};
 
 const L: Duration = Duration::from_secs(20);
 const MS: Duration = Duration::from_millis(1);

@@ -8,9 +8,10 @@ use anyhow::Context;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use super::{EXIT_INTERRUPTED, ServeArgs, Settings};
+use crate::problem::Problem;
 use crate::runtime::WasmServices;
 use crate::services::Services;
-use crate::vvm::{Problem, Vvm, VvmConfig, holder_value};
+use crate::vvm::{Vvm, VvmConfig, holder_value};
 
 /// SIGINT and SIGTERM as one stream.
 struct Signals {

@@ -12,7 +12,8 @@ use wasmtime::component::{Component, Linker};
 use wasmtime_wasi::p2::bindings::CommandPre;
 
 use super::RuntimeError;
-use super::host::{Host, ServicePre};
+use super::env::Host;
+use super::host::ServicePre;
 
 /// Which world a component targets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

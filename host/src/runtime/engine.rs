@@ -1,5 +1,6 @@
-//! The wasmtime engine shared by every service, and the epoch ticker that lets the host
-//! interrupt any guest (SPEC §6: CPU preemption).
+//! The wasmtime engine shared by every service, the epoch ticker that lets the host
+//! interrupt any guest (SPEC §6: CPU preemption), and the [`Runtime`] that bundles them with
+//! the configuration for the supervisors.
 
 use std::sync::mpsc;
 use std::thread::JoinHandle;
@@ -8,6 +9,31 @@ use std::time::Duration;
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use super::{RuntimeConfig, RuntimeError};
+
+/// What every supervisor shares: the engine, its epoch ticker, and the configuration.
+pub(crate) struct Runtime {
+    /// The configuration loaded with.
+    pub config: RuntimeConfig,
+    /// The engine every component was compiled for.
+    pub engine: Engine,
+    /// Stops ticking when the last supervisor is gone.
+    _ticker: EpochTicker,
+}
+
+impl Runtime {
+    /// Starts the epoch ticker of `engine` and bundles it with `config`.
+    ///
+    /// # Errors
+    /// When the ticker thread cannot be started.
+    pub(crate) fn start(config: RuntimeConfig, engine: Engine) -> Result<Self, RuntimeError> {
+        let ticker = EpochTicker::start(&engine, config.epoch_tick)?;
+        Ok(Self {
+            config,
+            engine,
+            _ticker: ticker,
+        })
+    }
+}
 
 /// Builds the engine: async calls, epoch interruption, and (if configured) the pooling
 /// allocator sized for `config.max_instances` instances of at most `config.memory_cap`.

@@ -36,7 +36,7 @@ use wasmtime_wasi::p2::{
 use wasmtime_wasi::sockets::WasiSocketsView;
 use wasmtime_wasi_io::bytes::Bytes;
 
-use super::host::{Host, ServiceEnv};
+use super::env::{Host, ServiceEnv};
 use crate::elections::LeaseDeadline;
 
 /// A guest effect refused because the local lease deadline has passed: another host may

@@ -1,23 +1,23 @@
-//! Per-store host state and the `vvm:host` imports (SPEC §6, §7). Every call into the host is
-//! fenced by the local lease deadline (`fence`); the imports with an effect also say which
-//! effect they refused.
+//! The `vvm:host` imports and the making of a store (SPEC §6, §7): the linker, a fresh
+//! sandboxed store per instance, and the `lease`, `log` and `kv` host functions. Every call
+//! into the host is fenced by the local lease deadline (`fence`); the imports with an effect
+//! also say which effect they refused. The state they read is in `env`.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, PoisonError};
 
 use tokio_util::sync::CancellationToken;
 use wasmtime::component::{HasSelf, Linker, Resource, ResourceTable};
-use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder, UpdateDeadline};
+use wasmtime::{Engine, Store, StoreLimitsBuilder, UpdateDeadline};
 use wasmtime_wasi::p2::{DynPollable, Pollable, subscribe};
-use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder};
 
 use super::RuntimeError;
-use super::config::{Grants, KvLimits, RuntimeConfig};
+use super::config::{Grants, RuntimeConfig};
+use super::env::{Host, ServiceEnv};
 use super::fence::{self, Fenced};
 use super::output::{LogOutput, Stdio};
-use crate::elections::LeaseDeadline;
-use crate::services::LeaseInfo;
-use crate::store::{Fence, Store as LeaseStore};
-use crate::vvm::{Problem, ProblemReporter};
+use crate::problem::Problem;
+use crate::store::Fence;
 
 mod bindings {
     wasmtime::component::bindgen!({
@@ -31,87 +31,6 @@ mod bindings {
 
 pub(crate) use bindings::ServicePre;
 use bindings::vvm::host::{kv, lease, log};
-
-/// What every instance of one service shares during one leadership.
-pub(crate) struct ServiceEnv {
-    /// The service's name (file stem); tags its log lines, namespaces its key-value space.
-    pub name: Arc<str>,
-    /// The lease the service runs under.
-    pub lease: LeaseInfo,
-    /// Past it, no effect may happen.
-    pub deadline: LeaseDeadline,
-    /// Cancelled when the service must stop.
-    pub stopping: CancellationToken,
-    /// Where `report-problem` goes.
-    pub problems: ProblemReporter,
-    /// The store holding the fenced key-value space.
-    pub store: Arc<dyn LeaseStore>,
-    /// What `kv.set` may write, and how often.
-    pub kv_limits: KvLimits,
-    /// The writes `kv.set` may still make now (a token bucket refilled at the limit's rate).
-    pub kv_budget: Mutex<WriteBudget>,
-}
-
-/// A token bucket: `rate` tokens per second, at most `rate` saved up.
-#[derive(Debug)]
-pub(crate) struct WriteBudget {
-    tokens: f64,
-    at: tokio::time::Instant,
-}
-
-impl WriteBudget {
-    /// A full bucket for `rate` writes per second.
-    pub(crate) fn full(rate: u32) -> Self {
-        Self {
-            tokens: f64::from(rate),
-            at: tokio::time::Instant::now(),
-        }
-    }
-
-    /// Takes one write if the budget allows it now.
-    fn take(&mut self, rate: u32) -> bool {
-        let now = tokio::time::Instant::now();
-        let rate = f64::from(rate);
-        let refill = now.duration_since(self.at).as_secs_f64() * rate;
-        self.tokens = (self.tokens + refill).min(rate);
-        self.at = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
-}
-
-/// The state of one store: one instance of one service.
-pub(crate) struct Host {
-    env: Arc<ServiceEnv>,
-    wasi: WasiCtx,
-    table: ResourceTable,
-    limits: StoreLimits,
-}
-
-impl Host {
-    /// What this instance's service shares with its other instances.
-    pub(crate) fn env(&self) -> &Arc<ServiceEnv> {
-        &self.env
-    }
-
-    /// The store's resources.
-    pub(crate) fn table(&mut self) -> &mut ResourceTable {
-        &mut self.table
-    }
-}
-
-impl WasiView for Host {
-    fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView {
-            ctx: &mut self.wasi,
-            table: &mut self.table,
-        }
-    }
-}
 
 /// The linker every service is instantiated with: WASI 0.2 and `vvm:host`.
 pub(crate) fn linker(engine: &Engine) -> Result<Linker<Host>, RuntimeError> {
@@ -297,46 +216,14 @@ impl kv::Host for Host {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use std::time::Duration;
 
-    use super::*;
-    use crate::clock::{Clock, ManualClock};
-    use crate::store::{MemStore, TtlStore};
+    use wasmtime::StoreLimits;
 
-    /// The environment of a service `svc` leading `slot/1` in a fresh store, with a deadline
-    /// 60 s ahead on the returned clock (advance it to pass the deadline).
-    pub(crate) async fn env() -> (ManualClock, Arc<ServiceEnv>) {
-        let store = MemStore::new(Arc::new(ManualClock::default()));
-        let lease = Duration::from_secs(20);
-        let term = store
-            .insert_if_absent("slot/1", "me", lease)
-            .await
-            .unwrap()
-            .unwrap();
-        let clock = ManualClock::default();
-        let deadline = LeaseDeadline::fixed(
-            Arc::new(clock.clone()),
-            clock.now().after(Duration::from_secs(60)),
-        );
-        let env = ServiceEnv {
-            name: "svc".into(),
-            lease: LeaseInfo {
-                slot: 1,
-                key: "slot/1".into(),
-                holder: "me".into(),
-                term,
-                lease,
-            },
-            deadline,
-            stopping: CancellationToken::new(),
-            problems: ProblemReporter::default(),
-            store: Arc::new(store),
-            kv_limits: KvLimits::default(),
-            kv_budget: Mutex::new(WriteBudget::full(KvLimits::default().writes_per_second)),
-        };
-        (clock, Arc::new(env))
-    }
+    use super::*;
+    use crate::runtime::config::KvLimits;
+    use crate::runtime::env::tests::env;
 
     fn host(env: &Arc<ServiceEnv>) -> Host {
         Host {

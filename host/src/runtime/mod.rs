@@ -1,26 +1,33 @@
 //! The wasmtime host (SPEC §6, §7): components, sandboxes, fencing at the boundary, supervision.
 //!
 //! - `config`: [`RuntimeConfig`] (directories, limits, grants, restart policy).
-//! - `engine`: the wasmtime [`wasmtime::Engine`] and the epoch ticker thread.
+//! - `engine`: the wasmtime [`wasmtime::Engine`], the epoch ticker thread, and the `Runtime`
+//!   (engine, ticker, configuration) every supervisor shares.
 //! - `component`: discovery, compilation with an on-disk cache, world classification.
+//! - `env`: what the host side of a guest's calls sees: `ServiceEnv` (per service and
+//!   leadership) and `Host` (per store).
 //! - `fence`: no guest effect past the lease deadline: the per-call check, fenced streams.
-//! - `host`: per-store state and the `vvm:host` imports.
+//! - `host`: the linker, a fresh sandboxed store per instance, the `vvm:host` imports.
 //! - `output`: guest stdout/stderr as log lines.
 //! - `supervisor`: runs, restarts and stops one service.
-//! - `services`: [`WasmServices`], the [`crate::services::Services`] the lifecycle starts.
+//! - `wasm_services`: [`WasmServices`], the [`crate::services::Services`] the lifecycle starts.
+//!
+//! Dependencies point one way, in this order (each uses only modules before it): `config`,
+//! `engine`, `env`, `fence`, `output`, `host`, `component`, `supervisor`, `wasm_services`.
 
 mod component;
 mod config;
 mod engine;
+mod env;
 mod fence;
 mod host;
 mod output;
-mod services;
 mod supervisor;
+mod wasm_services;
 
 pub use component::{LoadError, LoadErrorKind, LoadStats, ServiceKind};
 pub use config::{DirGrant, Grants, KvLimits, RestartPolicy, RuntimeConfig};
-pub use services::{CheckReport, WasmServices, check};
+pub use wasm_services::{CheckReport, WasmServices, check};
 
 use std::path::PathBuf;
 

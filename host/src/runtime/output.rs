@@ -11,8 +11,8 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError, StreamResult};
 use wasmtime_wasi_io::bytes::Bytes;
 
+use super::env::ServiceEnv;
 use super::fence::Fenced;
-use super::host::ServiceEnv;
 
 /// A line longer than this is logged in pieces, so a guest cannot grow the buffer forever.
 const MAX_LINE: usize = 16 * 1024;
@@ -156,7 +156,7 @@ mod tests {
     use tracing_subscriber::layer::SubscriberExt;
 
     use super::*;
-    use crate::runtime::host::tests::env;
+    use crate::runtime::env::tests::env;
 
     /// Runs `f` with a subscriber that collects every event's message.
     fn capture(f: impl FnOnce()) -> Vec<String> {

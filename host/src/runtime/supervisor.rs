@@ -12,10 +12,11 @@ use wasmtime::Trap;
 use wasmtime_wasi::I32Exit;
 
 use super::component::{Loaded, Pre};
+use super::engine::Runtime;
+use super::env::ServiceEnv;
 use super::fence::Fenced;
-use super::host::{ServiceEnv, new_store};
-use super::services::Runtime;
-use crate::vvm::Problem;
+use super::host::new_store;
+use crate::problem::Problem;
 
 /// How one run of a service ended.
 #[derive(Debug)]

@@ -8,24 +8,14 @@ use async_trait::async_trait;
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use wasmtime::Engine;
 
 use super::component::{self, Compiler, LoadError, LoadStats, Loaded, ServiceKind};
-use super::engine::{self, EpochTicker};
-use super::host::{self, ServiceEnv, WriteBudget};
+use super::engine::{self, Runtime};
+use super::env::{ServiceEnv, WriteBudget};
+use super::host;
 use super::supervisor::supervise;
 use super::{RuntimeConfig, RuntimeError};
 use crate::services::{RunningServices, ServiceContext, ServiceError, Services};
-
-/// What every supervisor shares: the engine, its epoch ticker, and the configuration.
-pub(crate) struct Runtime {
-    /// The configuration loaded with.
-    pub config: RuntimeConfig,
-    /// The engine every component was compiled for.
-    pub engine: Engine,
-    /// Stops ticking when the last supervisor is gone.
-    _ticker: EpochTicker,
-}
 
 /// The services of one directory, compiled and pre-instantiated, ready to start under a
 /// lease. Cheap to start many times (once per leadership).
@@ -78,12 +68,7 @@ impl WasmServices {
             cache_hits = stats.cache_hits,
             "services loaded"
         );
-        let ticker = EpochTicker::start(&engine, config.epoch_tick)?;
-        let rt = Arc::new(Runtime {
-            config,
-            engine,
-            _ticker: ticker,
-        });
+        let rt = Arc::new(Runtime::start(config, engine)?);
         Ok((
             Self {
                 rt,
