@@ -1,6 +1,8 @@
 //! Settings (SPEC §8): every default is a flag, an environment variable and a `vvm.toml` key.
 //!
-//! Precedence: command-line flag, then environment variable (both via clap), then the
+//! This module owns every default (`DEFAULT_*`), every bound (`MIN_*`, `MAX_*`) and the
+//! resolution of [`Settings`]. Precedence: command-line flag, then environment variable (both
+//! via clap, in `cli`, which hands them over as a [`FileConfig`] layer), then the
 //! configuration file, then the built-in default.
 
 use std::collections::BTreeMap;
@@ -42,7 +44,8 @@ pub enum ConfigError {
     },
 }
 
-/// The `vvm.toml` file: every key optional; unknown keys are an error.
+/// The `vvm.toml` file: every key optional; unknown keys are an error. The flags and the
+/// environment come as a layer of the same shape, over the file's.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct FileConfig {
@@ -52,13 +55,13 @@ pub struct FileConfig {
     pub store: Option<String>,
     /// Cluster size N (slots 1..=N).
     pub cluster_size: Option<u32>,
-    /// Lease duration L, e.g. `"20s"`.
+    /// Lease duration L, e.g. `"10s"`.
     #[serde(default, with = "opt_duration")]
     pub lease: Option<Duration>,
-    /// How long to campaign before giving up, e.g. `"120s"`.
+    /// How long to campaign before giving up, e.g. `"5m"`.
     #[serde(default, with = "opt_duration")]
     pub acquisition_timeout: Option<Duration>,
-    /// How long a stopping service may take before its instance is dropped, e.g. `"5s"`.
+    /// How long a stopping service may take before its instance is dropped, e.g. `"2s"`.
     #[serde(default, with = "opt_duration")]
     pub grace_period: Option<Duration>,
     /// Memory cap per service instance, in MiB.
@@ -169,6 +172,22 @@ pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(5);
 pub const DEFAULT_MEMORY_LIMIT_MIB: u64 = 64;
 /// The default cluster size.
 pub const DEFAULT_CLUSTER_SIZE: u32 = 1;
+/// The default store: a redb file in the working directory.
+pub const DEFAULT_STORE: &str = "vvm.redb";
+/// The default services directory.
+pub const DEFAULT_SERVICES_DIR: &str = "services";
+/// The compile cache's directory inside the services directory, its default place.
+pub const CACHE_DIR_NAME: &str = ".cache";
+
+/// The default compile cache directory of the services in `services`.
+pub fn default_cache_dir(services: &Path) -> PathBuf {
+    services.join(CACHE_DIR_NAME)
+}
+
+/// `mib` MiB in bytes (saturating; [`MAX_MEMORY_LIMIT_MIB`] bounds the settings).
+pub fn mib_to_bytes(mib: u64) -> u64 {
+    mib.saturating_mul(1 << 20)
+}
 
 /// The shortest lease: renewal runs every `L/4` and retries `L/20` apart.
 pub const MIN_LEASE: Duration = Duration::from_millis(100);
@@ -183,6 +202,99 @@ pub const MAX_GRACE_PERIOD: Duration = Duration::from_secs(3600);
 pub const MAX_MEMORY_LIMIT_MIB: u64 = 4096;
 /// The largest cluster size: every standby tries every slot each round.
 pub const MAX_CLUSTER_SIZE: u32 = 1024;
+
+/// Settings after flags, environment, file and defaults are merged, and validated.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Store location: a redb file path, or `etcd://host:port[,host:port...]`.
+    pub store: String,
+    /// etcd options from flags and file.
+    pub etcd: EtcdFileConfig,
+    /// Cluster size N.
+    pub cluster_size: u32,
+    /// Services directory.
+    pub services: PathBuf,
+    /// Lease duration L.
+    pub lease: Duration,
+    /// Acquisition timeout.
+    pub acquisition_timeout: Duration,
+    /// Grace period for stopping services.
+    pub grace_period: Duration,
+    /// Memory cap per instance, bytes.
+    pub memory_limit: u64,
+    /// Compiled-component cache directory.
+    pub cache_dir: PathBuf,
+    /// Per-service grants, as the file wrote them (`RuntimeConfig` parses them).
+    pub grants: BTreeMap<String, GrantConfig>,
+}
+
+impl Settings {
+    /// Merges `flags` (flags and environment; its `service` grants are ignored: grants are
+    /// set in the file only) over the configuration file over the defaults, and validates the
+    /// result. The file is `config_file`, which must exist, or else [`DEFAULT_CONFIG_FILE`]
+    /// if it exists.
+    ///
+    /// # Errors
+    /// When the file cannot be read or a value cannot work.
+    pub fn resolve(flags: FileConfig, config_file: Option<&Path>) -> Result<Self, ConfigError> {
+        let file = match config_file {
+            Some(path) => FileConfig::load(path, true)?,
+            None => FileConfig::load(DEFAULT_CONFIG_FILE.as_ref(), false)?,
+        };
+        let etcd_flags = flags.etcd.unwrap_or_default();
+        let etcd_file = file.etcd.unwrap_or_default();
+        let services = flags
+            .services
+            .or(file.services)
+            .unwrap_or_else(|| DEFAULT_SERVICES_DIR.into());
+        let memory_limit_mib = flags
+            .memory_limit_mib
+            .or(file.memory_limit_mib)
+            .unwrap_or(DEFAULT_MEMORY_LIMIT_MIB);
+        let settings = Self {
+            store: flags
+                .store
+                .or(file.store)
+                .unwrap_or_else(|| DEFAULT_STORE.into()),
+            etcd: EtcdFileConfig {
+                user: etcd_flags.user.or(etcd_file.user),
+                password: etcd_flags.password.or(etcd_file.password),
+                ca: etcd_flags.ca.or(etcd_file.ca),
+                cert: etcd_flags.cert.or(etcd_file.cert),
+                key: etcd_flags.key.or(etcd_file.key),
+                prefix: etcd_flags.prefix.or(etcd_file.prefix),
+            },
+            cluster_size: flags
+                .cluster_size
+                .or(file.cluster_size)
+                .unwrap_or(DEFAULT_CLUSTER_SIZE),
+            lease: flags.lease.or(file.lease).unwrap_or(DEFAULT_LEASE),
+            acquisition_timeout: flags
+                .acquisition_timeout
+                .or(file.acquisition_timeout)
+                .unwrap_or(DEFAULT_ACQUISITION_TIMEOUT),
+            grace_period: flags
+                .grace_period
+                .or(file.grace_period)
+                .unwrap_or(DEFAULT_GRACE_PERIOD),
+            memory_limit: mib_to_bytes(memory_limit_mib),
+            cache_dir: flags
+                .cache_dir
+                .or(file.cache_dir)
+                .unwrap_or_else(|| default_cache_dir(&services)),
+            services,
+            grants: file.service,
+        };
+        validate(&Bounded {
+            cluster_size: settings.cluster_size,
+            lease: settings.lease,
+            acquisition_timeout: settings.acquisition_timeout,
+            grace_period: settings.grace_period,
+            memory_limit_mib,
+        })?;
+        Ok(settings)
+    }
+}
 
 /// The values [`validate`] bounds.
 #[derive(Clone, Copy, Debug)]
@@ -319,15 +431,15 @@ env = ["A=1"]
         Bounded {
             cluster_size: 1,
             lease,
-            acquisition_timeout: Duration::from_secs(120),
-            grace_period: Duration::from_secs(5),
-            memory_limit_mib: 64,
+            acquisition_timeout: DEFAULT_ACQUISITION_TIMEOUT,
+            grace_period: DEFAULT_GRACE_PERIOD,
+            memory_limit_mib: DEFAULT_MEMORY_LIMIT_MIB,
         }
     }
 
     #[test]
     fn relations_and_bounds_are_checked() {
-        let ok = bounded(Duration::from_secs(20));
+        let ok = bounded(DEFAULT_LEASE);
         assert!(validate(&ok).is_ok());
         assert!(validate(&bounded(Duration::from_millis(10))).is_err());
         let cases = [

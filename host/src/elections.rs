@@ -20,8 +20,8 @@ use crate::store::{Store, StoreError, Term};
 
 /// Renew every `L / RENEW_DIVISOR`.
 const RENEW_DIVISOR: u32 = 4;
-/// Between failed renewal attempts wait `L / RETRY_DIVISOR`.
-pub(crate) const RETRY_DIVISOR: u32 = 20;
+/// Between failed renewal attempts wait `L / RETRY_DIVISOR` ([`retry_pause`]).
+const RETRY_DIVISOR: u32 = 20;
 /// Renewal attempts per tick before the lease is given up.
 const CAS_ATTEMPTS: u32 = 3;
 /// One renewal attempt waits at most `L / ATTEMPT_DIVISOR` for the store.
@@ -29,6 +29,12 @@ const ATTEMPT_DIVISOR: u32 = 10;
 /// A release waits at most `L / RELEASE_DIVISOR` for the store to delete the record: past that
 /// the record expires on its own, and a stalled store must not hang the shutdown sequence.
 const RELEASE_DIVISOR: u32 = 4;
+
+/// The pause between failed store calls of a lease `lease` long, for renewal and campaign
+/// alike: `L/20`, so a renewal tick has room for its attempts.
+pub(crate) fn retry_pause(lease: Duration) -> Duration {
+    lease / RETRY_DIVISOR
+}
 
 /// The local lease deadline for a write that started at `start`: `start + 0.8·L`.
 pub fn valid_until(start: Timestamp, lease: Duration) -> Timestamp {
@@ -328,7 +334,7 @@ impl Elections {
     /// The renewal loop of one lease (SPEC §4).
     async fn renew(self: Arc<Self>, mut r: Renewal) {
         let interval = r.lease / RENEW_DIVISOR;
-        let retry = r.lease / RETRY_DIVISOR;
+        let retry = retry_pause(r.lease);
         loop {
             let next = r.last_start.after(interval);
             tokio::select! {

@@ -10,7 +10,9 @@
 //! - [`services`]: what the lifecycle starts once a slot is held (the seam to the runtime).
 //! - [`vvm`]: the lifecycle: provide, launch, leadership monitor, ordered shutdown.
 //! - [`runtime`]: the wasmtime host: components, sandboxes, fencing, supervision.
-//! - [`config`] and [`cli`]: `vvm-host serve`, `status` and `check`.
+//! - [`serve`]: the serve loop: lead, stand by, campaign again after a problem, until stopped.
+//! - [`config`]: every default and bound, and the resolution of the settings.
+//! - [`cli`]: the clap types and dispatch of `vvm-host serve`, `status` and `check`.
 
 pub mod cli;
 pub mod clock;
@@ -19,6 +21,7 @@ pub mod elections;
 pub mod killer;
 pub mod problem;
 pub mod runtime;
+pub mod serve;
 pub mod services;
 pub mod store;
 pub mod vvm;

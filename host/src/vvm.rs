@@ -12,10 +12,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::{Clock, SystemClock};
-use crate::elections::{ElectionError, Elections, Leadership, RETRY_DIVISOR};
+use crate::elections::{ElectionError, Elections, Leadership, retry_pause};
 use crate::killer::Killer;
 use crate::problem::{Problem, ProblemReporter};
-use crate::services::{LeaseInfo, ServiceContext, ServiceError, Services};
+use crate::services::{LeaseInfo, RunningServices, ServiceContext, ServiceError, Services};
 use crate::store::{Store, StoreError, Term};
 
 /// How a VVM campaigns and holds its lease.
@@ -203,6 +203,16 @@ impl LaunchedVvm {
     }
 }
 
+/// What a leading launcher hands to the shutdown sequence.
+struct Leading {
+    /// The services, if they started.
+    services: Option<Box<dyn RunningServices>>,
+    /// Tells the leadership monitor to end.
+    monitor_stop: CancellationToken,
+    /// The leadership monitor.
+    monitor: JoinHandle<()>,
+}
+
 /// The launcher task: campaign, monitor, services, then the ordered shutdown.
 struct Launcher {
     vvm: Vvm,
@@ -213,88 +223,105 @@ struct Launcher {
 }
 
 impl Launcher {
+    /// The launcher's whole life: campaign, lead until told to stop, then the shutdown
+    /// sequence.
     async fn run(self) {
-        let Vvm {
-            config,
-            store,
-            services,
-            killer,
-            ..
-        } = &self.vvm;
-        let elections = &self.elections;
-        let mut monitor = None;
-        let mut running = None;
         // Shutdown may come while a store call hangs: stop campaigning at once. An insert
         // dropped mid-write is remembered by the elections, whose cleanup deletes it.
         let campaign = tokio::select! {
             biased;
             () = self.shutdown.cancelled() => Ok(None),
-            campaign = self.campaign(elections) => campaign,
+            campaign = self.campaign() => campaign,
         };
-        match campaign {
-            // A slot won just as shutdown began: start nothing, the cleanup below releases it.
+        let leading = match campaign {
+            // A slot won just as shutdown began: start nothing, the cleanup releases it.
             Ok(Some((slot, _))) if self.shutdown.is_cancelled() => {
                 tracing::info!(slot, "acquired during shutdown; not starting services");
+                None
             }
-            Ok(Some((slot, leadership))) => {
-                let term = leadership.term();
-                tracing::info!(slot, term, "leading");
-                self.state.send_replace(VvmState::Leading { slot, term });
-                // Services hear the stop on shutdown or on leadership loss, whichever is first.
-                let stopping = self.shutdown.child_token();
-                let monitor_stop = CancellationToken::new();
-                monitor = Some((
-                    monitor_stop.clone(),
-                    tokio::spawn(monitor_leadership(
-                        leadership.clone(),
-                        self.problems.clone(),
-                        stopping.clone(),
-                        monitor_stop,
-                    )),
-                ));
-                let ctx = ServiceContext {
-                    lease: LeaseInfo {
-                        slot,
-                        key: leadership.key().to_owned(),
-                        holder: config.holder.clone(),
-                        term,
-                        lease: config.lease,
-                    },
-                    deadline: leadership.deadline(),
-                    stopping,
-                    problems: self.problems.clone(),
-                    store: Arc::clone(store),
-                };
-                match services.start(ctx).await {
-                    Ok(started) => running = Some(started),
-                    Err(e) => {
-                        let (name, reason) = match e {
-                            ServiceError::Start { name, reason } => (name, reason),
-                        };
-                        self.problems.report(Problem::Service { name, reason });
-                    }
-                }
-            }
-            Ok(None) => {}
+            Ok(Some((slot, leadership))) => Some(self.lead(slot, &leadership).await),
+            Ok(None) => None,
             Err(problem) => {
                 self.problems.report(problem);
+                None
             }
-        }
+        };
         self.shutdown.cancelled().await;
+        self.shutdown_sequence(leading).await;
+    }
 
-        // The shutdown sequence (SPEC §5), in this order and nowhere else.
-        self.state.send_replace(VvmState::ShuttingDown);
-        if let Some(running) = running {
-            running.stop().await;
-            tracing::info!("services stopped");
+    /// Leads with `slot`: starts the leadership monitor, then the services (SPEC §5 steps 2
+    /// and 3). Returns what the shutdown sequence must stop; a service that cannot start is
+    /// reported as a problem.
+    async fn lead(&self, slot: u32, leadership: &Leadership) -> Leading {
+        let Vvm {
+            config,
+            store,
+            services,
+            ..
+        } = &self.vvm;
+        let term = leadership.term();
+        tracing::info!(slot, term, "leading");
+        self.state.send_replace(VvmState::Leading { slot, term });
+        // Services hear the stop on shutdown or on leadership loss, whichever is first.
+        let stopping = self.shutdown.child_token();
+        let monitor_stop = CancellationToken::new();
+        let monitor = tokio::spawn(monitor_leadership(
+            leadership.clone(),
+            self.problems.clone(),
+            stopping.clone(),
+            monitor_stop.clone(),
+        ));
+        let ctx = ServiceContext {
+            lease: LeaseInfo {
+                slot,
+                key: leadership.key().to_owned(),
+                holder: config.holder.clone(),
+                term,
+                lease: config.lease,
+            },
+            deadline: leadership.deadline(),
+            stopping,
+            problems: self.problems.clone(),
+            store: Arc::clone(store),
+        };
+        let services = match services.start(ctx).await {
+            Ok(started) => Some(started),
+            Err(ServiceError::Start { name, reason }) => {
+                self.problems.report(Problem::Service { name, reason });
+                None
+            }
+        };
+        Leading {
+            services,
+            monitor_stop,
+            monitor,
         }
-        if let Some((stop, task)) = monitor {
-            stop.cancel();
-            let _ = task.await;
+    }
+
+    /// The shutdown sequence (SPEC §5), in this order and nowhere else:
+    /// 1. stop the services (grace period, then drop every instance still there);
+    /// 2. stop the leadership monitor and wait for it;
+    /// 3. elections cleanup: the lease is deleted, so a standby can take over at once;
+    /// 4. disarm the killer, signal *shut down*.
+    async fn shutdown_sequence(&self, leading: Option<Leading>) {
+        self.state.send_replace(VvmState::ShuttingDown);
+        if let Some(Leading {
+            services,
+            monitor_stop,
+            monitor,
+        }) = leading
+        {
+            if let Some(services) = services {
+                services.stop().await;
+                tracing::info!("services stopped");
+            }
+            monitor_stop.cancel();
+            let _ = monitor.await;
             tracing::debug!("leadership monitor stopped");
         }
-        elections.cleanup().await;
-        killer.disarm();
+        self.elections.cleanup().await;
+        self.vvm.killer.disarm();
         self.state.send_replace(VvmState::ShutDown);
         tracing::info!("shut down");
     }
@@ -302,11 +329,9 @@ impl Launcher {
     /// Tries every slot each round until one is acquired, shutdown begins (`Ok(None)`), or
     /// the acquisition timeout passes. Between rounds it sleeps until the earliest record can
     /// expire, waking early when the store reports a release.
-    async fn campaign(
-        &self,
-        elections: &Arc<Elections>,
-    ) -> Result<Option<(u32, Leadership)>, Problem> {
+    async fn campaign(&self) -> Result<Option<(u32, Leadership)>, Problem> {
         let Vvm { config, store, .. } = &self.vvm;
+        let elections = &self.elections;
         let give_up_at = crate::clock::tokio_after(Instant::now(), config.acquisition_timeout);
         tracing::info!(
             slots = config.cluster_size,
@@ -340,7 +365,7 @@ impl Launcher {
                     Err(ElectionError::CleanedUp) => return Ok(None),
                     Err(ElectionError::Store(e)) if e.is_transient() => {
                         tracing::warn!(slot, error = %e, "acquire failed, will retry");
-                        wait = wait.min(config.lease / RETRY_DIVISOR);
+                        wait = wait.min(retry_pause(config.lease));
                         continue;
                     }
                     Err(ElectionError::Store(e)) => return Err(Problem::Store(e.to_string())),
@@ -366,7 +391,7 @@ impl Launcher {
                     Ok(None) => wait = Duration::ZERO,
                     Err(e) => {
                         tracing::warn!(slot, error = %e, "reading the lease failed");
-                        wait = wait.min(config.lease / RETRY_DIVISOR);
+                        wait = wait.min(retry_pause(config.lease));
                     }
                 }
             }

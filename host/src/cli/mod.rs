@@ -1,18 +1,17 @@
-//! The command line (SPEC §8): `vvm-host serve`, `status` and `check`.
+//! The command line (SPEC §8): `vvm-host serve`, `status` and `check`: the clap types and
+//! the dispatch. Settings are resolved by [`crate::config`], the store opened by
+//! [`crate::store::open`].
 
 mod serve;
 mod status;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::config::{self, ConfigError, DEFAULT_CONFIG_FILE, FileConfig, GrantConfig};
-use crate::runtime::{DirGrant, Grants, RuntimeConfig};
-use crate::store::{EtcdOptions, EtcdStore, EtcdTls, RedbStore, Store, StoreError};
+use crate::config::{self, ConfigError, EtcdFileConfig, FileConfig, Settings};
 
 /// Exit code for bad settings or a store that cannot be opened.
 pub const EXIT_SETUP: u8 = 1;
@@ -60,17 +59,23 @@ pub enum Command {
 /// Where the store is and how big the cluster is: shared by every subcommand.
 #[derive(Debug, Args)]
 pub struct StoreArgs {
-    /// Configuration file [default: ./vvm.toml if it exists].
-    #[arg(long, env = "VVM_CONFIG")]
+    /// Configuration file [default: [`config::DEFAULT_CONFIG_FILE`] if it exists].
+    #[arg(long, env = "VVM_CONFIG",
+        help = format!("Configuration file [default: ./{} if it exists]", config::DEFAULT_CONFIG_FILE))]
     pub config: Option<PathBuf>,
-    /// Store: a redb file, or etcd://host:port[,host:port...] [default: ./vvm.redb].
-    #[arg(long, env = "VVM_STORE")]
+    /// Store: a redb file, or etcd://host:port[,host:port...] [default:
+    /// [`config::DEFAULT_STORE`]].
+    #[arg(long, env = "VVM_STORE",
+        help = format!("Store: a redb file, or etcd://host:port[,host:port...] [default: ./{}]", config::DEFAULT_STORE))]
     pub store: Option<String>,
-    /// Cluster size N: at most N hosts serve at once, on slots 1..=N [default: 1].
-    #[arg(long, env = "VVM_CLUSTER_SIZE")]
+    /// Cluster size N: at most N hosts serve at once, on slots 1..=N [default:
+    /// [`config::DEFAULT_CLUSTER_SIZE`]].
+    #[arg(long, env = "VVM_CLUSTER_SIZE",
+        help = format!("Cluster size N: at most N hosts serve at once, on slots 1..=N [default: {}]", config::DEFAULT_CLUSTER_SIZE))]
     pub cluster_size: Option<u32>,
-    /// Directory of *.wasm services [default: ./services].
-    #[arg(long, env = "VVM_SERVICES")]
+    /// Directory of *.wasm services [default: [`config::DEFAULT_SERVICES_DIR`]].
+    #[arg(long, env = "VVM_SERVICES",
+        help = format!("Directory of *.wasm services [default: ./{}]", config::DEFAULT_SERVICES_DIR))]
     pub services: Option<PathBuf>,
     /// etcd user name.
     #[arg(long, env = "VVM_ETCD_USER")]
@@ -95,204 +100,83 @@ pub struct ServeArgs {
     /// Store and cluster.
     #[command(flatten)]
     pub store: StoreArgs,
-    /// Lease duration L [default: 20s].
-    #[arg(long, env = "VVM_LEASE", value_parser = config::parse_duration, allow_hyphen_values = true)]
+    /// Lease duration L [default: [`config::DEFAULT_LEASE`]].
+    #[arg(long, env = "VVM_LEASE", value_parser = config::parse_duration, allow_hyphen_values = true,
+        help = format!("Lease duration L [default: {}]", show(config::DEFAULT_LEASE)))]
     pub lease: Option<Duration>,
-    /// How long to campaign before reporting a problem and starting over [default: 120s].
-    #[arg(long, env = "VVM_ACQUISITION_TIMEOUT", value_parser = config::parse_duration, allow_hyphen_values = true)]
+    /// How long to campaign before reporting a problem and starting over [default:
+    /// [`config::DEFAULT_ACQUISITION_TIMEOUT`]].
+    #[arg(long, env = "VVM_ACQUISITION_TIMEOUT", value_parser = config::parse_duration, allow_hyphen_values = true,
+        help = format!("How long to campaign before reporting a problem and starting over [default: {}]", show(config::DEFAULT_ACQUISITION_TIMEOUT)))]
     pub acquisition_timeout: Option<Duration>,
-    /// How long a stopping service may take before its instance is dropped [default: 5s].
-    #[arg(long, env = "VVM_GRACE_PERIOD", value_parser = config::parse_duration, allow_hyphen_values = true)]
+    /// How long a stopping service may take before its instance is dropped [default:
+    /// [`config::DEFAULT_GRACE_PERIOD`]].
+    #[arg(long, env = "VVM_GRACE_PERIOD", value_parser = config::parse_duration, allow_hyphen_values = true,
+        help = format!("How long a stopping service may take before its instance is dropped [default: {}]", show(config::DEFAULT_GRACE_PERIOD)))]
     pub grace_period: Option<Duration>,
-    /// Memory cap per service instance, MiB [default: 64].
-    #[arg(long, env = "VVM_MEMORY_LIMIT_MIB")]
+    /// Memory cap per service instance, MiB [default: [`config::DEFAULT_MEMORY_LIMIT_MIB`]].
+    #[arg(long, env = "VVM_MEMORY_LIMIT_MIB",
+        help = format!("Memory cap per service instance, MiB [default: {}]", config::DEFAULT_MEMORY_LIMIT_MIB))]
     pub memory_limit_mib: Option<u64>,
-    /// Directory of the compiled-component cache [default: <services>/.cache].
-    #[arg(long, env = "VVM_CACHE_DIR")]
+    /// Directory of the compiled-component cache [default: [`config::default_cache_dir`]].
+    #[arg(long, env = "VVM_CACHE_DIR",
+        help = format!("Directory of the compiled-component cache [default: <services>/{}]", config::CACHE_DIR_NAME))]
     pub cache_dir: Option<PathBuf>,
 }
 
-/// Settings after flags, environment, file and defaults are merged.
-#[derive(Clone, Debug)]
-pub struct Settings {
-    /// Store location.
-    pub store: String,
-    /// etcd options from flags and file.
-    pub etcd: config::EtcdFileConfig,
-    /// Cluster size N.
-    pub cluster_size: u32,
-    /// Services directory.
-    pub services: PathBuf,
-    /// Lease duration L.
-    pub lease: Duration,
-    /// Acquisition timeout.
-    pub acquisition_timeout: Duration,
-    /// Grace period for stopping services.
-    pub grace_period: Duration,
-    /// Memory cap per instance, bytes.
-    pub memory_limit: u64,
-    /// Compiled-component cache directory.
-    pub cache_dir: PathBuf,
-    /// Per-service grants.
-    pub grants: std::collections::BTreeMap<String, GrantConfig>,
-}
-
-impl Settings {
-    /// Merges flags and environment (`store`, `serve`) over the file over the defaults.
-    ///
-    /// # Errors
-    /// When the file cannot be read or a value cannot work.
-    pub fn resolve(store: &StoreArgs, serve: Option<&ServeArgs>) -> Result<Self, ConfigError> {
-        let file = match &store.config {
-            Some(path) => FileConfig::load(path, true)?,
-            None => FileConfig::load(DEFAULT_CONFIG_FILE.as_ref(), false)?,
-        };
-        let etcd_file = file.etcd.clone().unwrap_or_default();
-        let services = store
-            .services
-            .clone()
-            .or(file.services)
-            .unwrap_or_else(|| "services".into());
-        let memory_limit_mib = serve
-            .and_then(|s| s.memory_limit_mib)
-            .or(file.memory_limit_mib)
-            .unwrap_or(config::DEFAULT_MEMORY_LIMIT_MIB);
-        let settings = Self {
-            store: store
-                .store
-                .clone()
-                .or(file.store)
-                .unwrap_or_else(|| "vvm.redb".into()),
-            etcd: config::EtcdFileConfig {
-                user: store.etcd_user.clone().or(etcd_file.user),
-                password: store.etcd_password.clone().or(etcd_file.password),
-                ca: store.etcd_ca.clone().or(etcd_file.ca),
-                cert: store.etcd_cert.clone().or(etcd_file.cert),
-                key: store.etcd_key.clone().or(etcd_file.key),
-                prefix: etcd_file.prefix,
-            },
-            cluster_size: store
-                .cluster_size
-                .or(file.cluster_size)
-                .unwrap_or(config::DEFAULT_CLUSTER_SIZE),
-            lease: serve
-                .and_then(|s| s.lease)
-                .or(file.lease)
-                .unwrap_or(config::DEFAULT_LEASE),
-            acquisition_timeout: serve
-                .and_then(|s| s.acquisition_timeout)
-                .or(file.acquisition_timeout)
-                .unwrap_or(config::DEFAULT_ACQUISITION_TIMEOUT),
-            grace_period: serve
-                .and_then(|s| s.grace_period)
-                .or(file.grace_period)
-                .unwrap_or(config::DEFAULT_GRACE_PERIOD),
-            memory_limit: memory_limit_mib.saturating_mul(1 << 20),
-            cache_dir: serve
-                .and_then(|s| s.cache_dir.clone())
-                .or(file.cache_dir)
-                .unwrap_or_else(|| services.join(".cache")),
-            services,
-            grants: file.service,
-        };
-        config::validate(&config::Bounded {
-            cluster_size: settings.cluster_size,
-            lease: settings.lease,
-            acquisition_timeout: settings.acquisition_timeout,
-            grace_period: settings.grace_period,
-            memory_limit_mib,
-        })?;
-        Ok(settings)
+impl StoreArgs {
+    /// The flags and environment as a settings layer over the configuration file.
+    fn layer(&self) -> FileConfig {
+        FileConfig {
+            services: self.services.clone(),
+            store: self.store.clone(),
+            cluster_size: self.cluster_size,
+            etcd: Some(EtcdFileConfig {
+                user: self.etcd_user.clone(),
+                password: self.etcd_password.clone(),
+                ca: self.etcd_ca.clone(),
+                cert: self.etcd_cert.clone(),
+                key: self.etcd_key.clone(),
+                prefix: None,
+            }),
+            ..FileConfig::default()
+        }
     }
 
-    /// The Wasm runtime's configuration: directories, limits and per-service grants.
+    /// The settings of a command that does not serve: these flags over the file.
     ///
     /// # Errors
-    /// When a grant in the file is malformed.
-    pub fn runtime_config(&self) -> Result<RuntimeConfig, ConfigError> {
-        let mut config = RuntimeConfig::new(&self.services);
-        config.cache_dir.clone_from(&self.cache_dir);
-        config.grace_period = self.grace_period;
-        config.memory_cap = usize::try_from(self.memory_limit).unwrap_or(usize::MAX);
-        for (name, grant) in &self.grants {
-            config.grants.insert(name.clone(), grants(name, grant)?);
-        }
-        Ok(config)
-    }
-
-    /// Opens the configured store: etcd for an `etcd://` URL, else a redb file. With
-    /// `read_only` (the tools that only look), a redb file must exist and is opened without
-    /// any write lock, so a paused tool cannot stall the hosts serving from it.
-    ///
-    /// # Errors
-    /// The store's error, naming the path or endpoints.
-    pub async fn open_store(&self, read_only: bool) -> Result<Arc<dyn Store>, StoreError> {
-        if self.store.starts_with("etcd://") {
-            let mut options = EtcdOptions::from_url(&self.store)
-                .map_err(|e| StoreError::permanent(format!("store {}", self.store), e))?;
-            options.user.clone_from(&self.etcd.user);
-            options.password.clone_from(&self.etcd.password);
-            if self.etcd.ca.is_some() || self.etcd.cert.is_some() || self.etcd.key.is_some() {
-                options.tls = Some(EtcdTls {
-                    ca: self.etcd.ca.clone(),
-                    cert: self.etcd.cert.clone(),
-                    key: self.etcd.key.clone(),
-                });
-            }
-            if let Some(prefix) = &self.etcd.prefix {
-                options.prefix.clone_from(prefix);
-            }
-            Ok(Arc::new(EtcdStore::connect(options).await?))
-        } else if read_only {
-            Ok(Arc::new(RedbStore::open_read_only(&self.store).await?))
-        } else {
-            // Lock waits bounded well inside the renewal's retries (SPEC §8).
-            let patience =
-                (self.lease / 10).clamp(Duration::from_millis(10), Duration::from_secs(2));
-            Ok(Arc::new(
-                RedbStore::open_with_patience(&self.store, patience).await?,
-            ))
-        }
+    /// As [`Settings::resolve`].
+    pub fn settings(&self) -> Result<Settings, ConfigError> {
+        Settings::resolve(self.layer(), self.config.as_deref())
     }
 }
 
-/// Turns a `[service.NAME]` table into runtime grants: `dirs` entries are `host[:guest][:ro]`,
-/// `env` entries `NAME=value`.
-fn grants(name: &str, grant: &GrantConfig) -> Result<Grants, ConfigError> {
-    let invalid = |reason: String| ConfigError::Invalid {
-        name: "service.*",
-        reason: format!("service {name}: {reason}"),
-    };
-    let mut dirs = Vec::new();
-    for spec in &grant.dirs {
-        let (spec, read_only) = match spec.strip_suffix(":ro") {
-            Some(rest) => (rest, true),
-            None => (spec.as_str(), false),
+impl ServeArgs {
+    /// The settings of `serve`: its flags and the store's over the file.
+    ///
+    /// # Errors
+    /// As [`Settings::resolve`].
+    pub fn settings(&self) -> Result<Settings, ConfigError> {
+        let flags = FileConfig {
+            lease: self.lease,
+            acquisition_timeout: self.acquisition_timeout,
+            grace_period: self.grace_period,
+            memory_limit_mib: self.memory_limit_mib,
+            cache_dir: self.cache_dir.clone(),
+            ..self.store.layer()
         };
-        let (host, guest) = spec.split_once(':').unwrap_or((spec, spec));
-        if host.is_empty() || guest.is_empty() {
-            return Err(invalid(format!(
-                "dir grant {spec:?} is not host[:guest][:ro]"
-            )));
-        }
-        dirs.push(DirGrant {
-            host: host.into(),
-            guest: guest.into(),
-            read_only,
-        });
+        Settings::resolve(flags, self.store.config.as_deref())
     }
-    let mut env = Vec::new();
-    for pair in &grant.env {
-        let Some((k, v)) = pair.split_once('=') else {
-            return Err(invalid(format!("env grant {pair:?} is not NAME=value")));
-        };
-        env.push((k.to_owned(), v.to_owned()));
+}
+
+/// A default duration as the help text shows it: whole seconds as `120s`.
+fn show(d: Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        humantime::format_duration(d).to_string()
     }
-    Ok(Grants {
-        dirs,
-        env,
-        network: grant.network,
-    })
 }
 
 /// Sets up logging to stderr: `RUST_LOG` filter (default `info`), text or JSON lines.
@@ -352,7 +236,7 @@ mod tests {
             let Command::Serve(serve) = Cli::try_parse_from(args).unwrap().command else {
                 unreachable!()
             };
-            Settings::resolve(&serve.store, Some(&serve)).map_err(|e| e.to_string())
+            serve.settings().map_err(|e| e.to_string())
         };
         let from_flags = {
             let none = dir.path().join("empty.toml");
@@ -363,7 +247,7 @@ mod tests {
                 Ok(Cli {
                     command: Command::Serve(serve),
                     ..
-                }) => Settings::resolve(&serve.store, Some(&serve)).map_err(|e| e.to_string()),
+                }) => serve.settings().map_err(|e| e.to_string()),
                 Ok(_) => unreachable!(),
                 Err(e) => Err(e.to_string()),
             }
@@ -376,7 +260,7 @@ mod tests {
             && (config::MIN_LEASE..=config::MAX_LEASE).contains(&s.lease)
             && s.acquisition_timeout <= config::MAX_ACQUISITION_TIMEOUT
             && s.grace_period <= config::MAX_GRACE_PERIOD
-            && (1..=config::MAX_MEMORY_LIMIT_MIB << 20).contains(&s.memory_limit)
+            && (1..=config::mib_to_bytes(config::MAX_MEMORY_LIMIT_MIB)).contains(&s.memory_limit)
     }
 
     proptest! {

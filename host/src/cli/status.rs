@@ -3,13 +3,17 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use super::{Settings, StoreArgs};
+use super::StoreArgs;
+use crate::config;
+use crate::runtime::RuntimeConfig;
+use crate::store;
 use crate::vvm::slot_key;
 
 /// Prints who holds each slot, with term and time left. Safe while hosts serve.
 pub(super) async fn status(args: &StoreArgs) -> anyhow::Result<ExitCode> {
-    let settings = Settings::resolve(args, None)?;
-    let store = settings.open_store(true).await?;
+    let settings = args.settings()?;
+    let opened = store::open(&settings, true).await?;
+    let store = opened.shared();
     println!(
         "{:<6} {:<48} {:>8} {:>10}",
         "SLOT", "HOLDER", "TERM", "TIME LEFT"
@@ -26,17 +30,19 @@ pub(super) async fn status(args: &StoreArgs) -> anyhow::Result<ExitCode> {
             None => println!("{slot:<6} {:<48} {:>8} {:>10}", "(free)", "-", "-"),
         }
     }
+    drop(store);
+    opened.close().await;
     Ok(ExitCode::SUCCESS)
 }
 
 /// Validates every component in `dir` (world, imports) without serving.
 pub(super) async fn check(dir: Option<PathBuf>, args: &StoreArgs) -> anyhow::Result<ExitCode> {
-    let settings = Settings::resolve(args, None)?;
-    let mut config = settings.runtime_config()?;
+    let mut settings = args.settings()?;
     if let Some(dir) = dir {
-        config.cache_dir = dir.join(".cache");
-        config.services_dir = dir;
+        settings.cache_dir = config::default_cache_dir(&dir);
+        settings.services = dir;
     }
+    let config = RuntimeConfig::from_settings(&settings)?;
     let report = tokio::task::spawn_blocking(move || crate::runtime::check(config)).await??;
     for (name, world) in &report.services {
         println!("ok    {name} ({world})");

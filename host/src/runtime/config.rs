@@ -1,20 +1,26 @@
-//! What the operator configures about the Wasm services: directories, limits, grants, restarts.
+//! What the operator configures about the Wasm services (SPEC §6, §8): directories, limits,
+//! grants, restarts. The defaults are [`crate::config`]'s; [`RuntimeConfig::from_settings`]
+//! takes the resolved settings.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
+
+use crate::config::{self, ConfigError, GrantConfig, Settings};
 
 /// Configuration of the Wasm runtime. `RuntimeConfig::new(dir)` gives the defaults.
 #[derive(Clone, Debug)]
 pub struct RuntimeConfig {
     /// Every `*.wasm` file here is a service named by its file stem.
     pub services_dir: PathBuf,
-    /// Where compiled components are cached. Default: `<services_dir>/.cache`.
+    /// Where compiled components are cached. Default: [`config::default_cache_dir`].
     pub cache_dir: PathBuf,
     /// How long a guest may take to return from `run` once `stopping` resolves before its
-    /// instance is dropped. Default 5 s. Plain WASI commands get no grace period.
+    /// instance is dropped. Default [`config::DEFAULT_GRACE_PERIOD`]. Plain WASI commands get
+    /// no grace period.
     pub grace_period: Duration,
-    /// The most linear memory one instance may use, in bytes. Default 64 MiB.
+    /// The most linear memory one instance may use, in bytes. Default
+    /// [`config::DEFAULT_MEMORY_LIMIT_MIB`] MiB.
     pub memory_cap: usize,
     /// How often the epoch ticks: the longest a spinning guest runs before the host can
     /// interrupt it. Default 1 ms.
@@ -38,11 +44,10 @@ impl RuntimeConfig {
     pub fn new(services_dir: impl Into<PathBuf>) -> Self {
         let services_dir = services_dir.into();
         Self {
-            cache_dir: services_dir.join(".cache"),
+            cache_dir: config::default_cache_dir(&services_dir),
             services_dir,
-            grace_period: crate::config::DEFAULT_GRACE_PERIOD,
-            memory_cap: usize::try_from(crate::config::DEFAULT_MEMORY_LIMIT_MIB << 20)
-                .unwrap_or(usize::MAX),
+            grace_period: config::DEFAULT_GRACE_PERIOD,
+            memory_cap: memory_cap(config::mib_to_bytes(config::DEFAULT_MEMORY_LIMIT_MIB)),
             epoch_tick: Duration::from_millis(1),
             pooling: false,
             max_instances: 1000,
@@ -51,6 +56,66 @@ impl RuntimeConfig {
             kv: KvLimits::default(),
         }
     }
+
+    /// The runtime's configuration from the resolved settings: directories, limits and
+    /// per-service grants; the rest as [`RuntimeConfig::new`].
+    ///
+    /// # Errors
+    /// When a grant in the file is malformed.
+    pub fn from_settings(settings: &Settings) -> Result<Self, ConfigError> {
+        let mut config = Self::new(&settings.services);
+        config.cache_dir.clone_from(&settings.cache_dir);
+        config.grace_period = settings.grace_period;
+        config.memory_cap = memory_cap(settings.memory_limit);
+        for (name, grant) in &settings.grants {
+            config.grants.insert(name.clone(), grants(name, grant)?);
+        }
+        Ok(config)
+    }
+}
+
+/// A memory cap in bytes as wasmtime takes it.
+fn memory_cap(bytes: u64) -> usize {
+    usize::try_from(bytes).unwrap_or(usize::MAX)
+}
+
+/// Turns a `[service.NAME]` table into runtime grants: `dirs` entries are `host[:guest][:ro]`,
+/// `env` entries `NAME=value`.
+fn grants(name: &str, grant: &GrantConfig) -> Result<Grants, ConfigError> {
+    let invalid = |reason: String| ConfigError::Invalid {
+        name: "service.*",
+        reason: format!("service {name}: {reason}"),
+    };
+    let mut dirs = Vec::new();
+    for spec in &grant.dirs {
+        let (spec, read_only) = match spec.strip_suffix(":ro") {
+            Some(rest) => (rest, true),
+            None => (spec.as_str(), false),
+        };
+        let (host, guest) = spec.split_once(':').unwrap_or((spec, spec));
+        if host.is_empty() || guest.is_empty() {
+            return Err(invalid(format!(
+                "dir grant {spec:?} is not host[:guest][:ro]"
+            )));
+        }
+        dirs.push(DirGrant {
+            host: host.into(),
+            guest: guest.into(),
+            read_only,
+        });
+    }
+    let mut env = Vec::new();
+    for pair in &grant.env {
+        let Some((k, v)) = pair.split_once('=') else {
+            return Err(invalid(format!("env grant {pair:?} is not NAME=value")));
+        };
+        env.push((k.to_owned(), v.to_owned()));
+    }
+    Ok(Grants {
+        dirs,
+        env,
+        network: grant.network,
+    })
 }
 
 /// Ambient authority granted to one service. The default grants nothing.

@@ -9,13 +9,102 @@ mod etcd;
 mod mem;
 mod redb_store;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::config::Settings;
+
 pub use etcd::{EtcdOptions, EtcdStore, EtcdTls, EtcdUrlError};
 pub use mem::MemStore;
 pub use redb_store::RedbStore;
+
+/// Opens the configured store: etcd for an `etcd://` URL, else a redb file. With
+/// `read_only` (the tools that only look), a redb file must exist and is opened without
+/// any write lock, so a paused tool cannot stall the hosts serving from it.
+///
+/// # Errors
+/// The store's error, naming the path or endpoints.
+pub async fn open(settings: &Settings, read_only: bool) -> Result<OpenedStore, StoreError> {
+    if settings.store.starts_with("etcd://") {
+        let mut options = EtcdOptions::from_url(&settings.store)
+            .map_err(|e| StoreError::permanent(format!("store {}", settings.store), e))?;
+        let etcd = &settings.etcd;
+        options.user.clone_from(&etcd.user);
+        options.password.clone_from(&etcd.password);
+        if etcd.ca.is_some() || etcd.cert.is_some() || etcd.key.is_some() {
+            options.tls = Some(EtcdTls {
+                ca: etcd.ca.clone(),
+                cert: etcd.cert.clone(),
+                key: etcd.key.clone(),
+            });
+        }
+        if let Some(prefix) = &etcd.prefix {
+            options.prefix.clone_from(prefix);
+        }
+        let store = EtcdStore::connect(options).await?;
+        Ok(OpenedStore::Etcd(Arc::new(store)))
+    } else if read_only {
+        let store = RedbStore::open_read_only(&settings.store).await?;
+        Ok(OpenedStore::Redb(Arc::new(store)))
+    } else {
+        // Lock waits bounded well inside the renewal's retries (SPEC §8).
+        let patience =
+            (settings.lease / 10).clamp(Duration::from_millis(10), Duration::from_secs(2));
+        let store = RedbStore::open_with_patience(&settings.store, patience).await?;
+        Ok(OpenedStore::Redb(Arc::new(store)))
+    }
+}
+
+/// A store opened by [`open`], owned by whoever opened it: [`OpenedStore::shared`] hands it
+/// to the tasks that use it, and [`OpenedStore::close`] ends it once they have ended.
+pub enum OpenedStore {
+    /// A redb file.
+    Redb(Arc<RedbStore>),
+    /// An etcd cluster.
+    Etcd(Arc<EtcdStore>),
+}
+
+impl OpenedStore {
+    /// A handle for a task that uses the store; drop it before [`OpenedStore::close`].
+    pub fn shared(&self) -> Arc<dyn Store> {
+        match self {
+            Self::Redb(store) => Arc::clone(store) as Arc<dyn Store>,
+            Self::Etcd(store) => Arc::clone(store) as Arc<dyn Store>,
+        }
+    }
+
+    /// Closes the store: a redb file is closed on the blocking pool (closing may write and
+    /// sync it), an etcd client is dropped. A handle from [`OpenedStore::shared`] still alive
+    /// keeps the store open until it is dropped; that is logged.
+    pub async fn close(self) {
+        match self {
+            Self::Redb(store) => match Arc::try_unwrap(store) {
+                Ok(store) => store.close().await,
+                Err(store) => {
+                    let handles = Arc::strong_count(&store) - 1;
+                    tracing::warn!(
+                        handles,
+                        "redb store still in use; it closes with its last handle"
+                    );
+                }
+            },
+            Self::Etcd(store) => {
+                let handles = Arc::strong_count(&store) - 1;
+                drop(store);
+                if handles == 0 {
+                    tracing::info!("etcd client closed");
+                } else {
+                    tracing::warn!(
+                        handles,
+                        "etcd store still in use; it closes with its last handle"
+                    );
+                }
+            }
+        }
+    }
+}
 
 /// Fencing token: strictly increases every time a key is acquired, for the life of the store.
 pub type Term = u64;

@@ -73,6 +73,9 @@ struct Inner {
     released: Notify,
     /// Wakes waiters when another process writes the file; `None` if inotify is unavailable.
     watch: Option<FileWatch>,
+    /// The reopen under way, if any ([`RedbStore::reopen`]): at most one at a time, and
+    /// [`RedbStore::close`] waits for it, since it holds the database too.
+    reopening: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 /// The database handle: read-write, or read-only for the tools that only look.
@@ -182,15 +185,26 @@ impl RedbStore {
                 busy_timeout,
                 released: Notify::new(),
                 watch,
+                reopening: Mutex::new(None),
             }),
         })
     }
 
     /// Drops this handle on the blocking pool and waits for that. When it is the last clone,
     /// this closes the database (which may write and sync the file) without blocking the
-    /// async runtime, and the file is closed cleanly when this returns.
+    /// async runtime, and the file is closed cleanly when this returns. A reopen under way
+    /// (after an I/O error) is waited for first: it holds the database too.
     pub async fn close(self) {
         let path = self.inner.path.clone();
+        let reopening = self
+            .inner
+            .reopening
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(reopen) = reopening {
+            let _ = reopen.await;
+        }
         if tokio::task::spawn_blocking(move || drop(self))
             .await
             .is_ok()
@@ -263,12 +277,24 @@ impl RedbStore {
         })
     }
 
+    /// Opens a fresh handle in the background after `cause` spent this one; the caller already
+    /// has its error and will retry. The task is owned by [`Inner::reopening`]: one at a time
+    /// (a second failure while it runs needs no second reopen), and [`RedbStore::close`]
+    /// waits for it.
     fn reopen(&self, cause: &Fault) {
+        let mut reopening = self
+            .inner
+            .reopening
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if reopening.as_ref().is_some_and(|task| !task.is_finished()) {
+            return;
+        }
         let inner = Arc::clone(&self.inner);
         let cause = cause.to_string();
-        // Opening blocks; the caller already has its error and will retry.
         let read_only = matches!(inner.db(), Handle::Read(_));
-        tokio::task::spawn_blocking(move || {
+        // Opening blocks: on the blocking pool.
+        *reopening = Some(tokio::task::spawn_blocking(move || {
             match Handle::open(&inner.path, read_only, inner.busy_timeout) {
                 Ok(db) => {
                     *inner.db.write().unwrap_or_else(PoisonError::into_inner) = db;
@@ -278,7 +304,7 @@ impl RedbStore {
                     tracing::warn!(path = %inner.path.display(), %cause, error = %e, "redb store reopen failed");
                 }
             }
-        });
+        }));
     }
 
     /// How many releases the file has recorded; see [`RELEASES_KEY`].

@@ -375,3 +375,37 @@ async fn settle_waits_for_a_write_whose_caller_gave_up() {
     assert!(store.compare_and_delete("1", "a").await.unwrap());
     assert!(store.get("1").await.unwrap().is_none());
 }
+
+/// The reopen after an I/O error runs on the blocking pool and holds the store while it
+/// opens the file: `close` waits for it, so that no task holds the database once `close`
+/// has returned (SPEC §5: no file handle outlives shutdown).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_waits_for_a_reopen_under_way() {
+    use std::ops::Bound;
+
+    use redb::StorageBackend;
+    use redb::backends::FileBackend;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::default());
+    let store = RedbStore::open_inner(&path, clock, Duration::from_millis(300), false)
+        .await
+        .unwrap();
+    // A peer stopped mid-commit holds the header: the reopen waits for it (its patience).
+    let file = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    let peer = FileBackend::new(file).unwrap();
+    peer.lock_range(Bound::Included(0), Bound::Excluded(1))
+        .unwrap();
+    store.reopen(&Fault::Aborted("test".into()));
+    let inner = Arc::downgrade(&store.inner);
+    store.close().await;
+    assert!(
+        inner.upgrade().is_none(),
+        "a reopen still holds the store after close"
+    );
+}

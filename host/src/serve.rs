@@ -1,0 +1,236 @@
+//! The serve loop (SPEC §8): lead while holding a slot, stand by otherwise; after a problem,
+//! shut the VVM down and campaign again as a standby; on the stop signal, shut down and close
+//! the store.
+//!
+//! [`serve_until`] takes its stop signal as a parameter (as mini-redis's `server::run`), so
+//! `vvm-host serve` passes SIGINT/SIGTERM and tests pass a future of their own.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use crate::config::Settings;
+use crate::problem::Problem;
+use crate::runtime::{RuntimeConfig, WasmServices};
+use crate::services::Services;
+use crate::store;
+use crate::vvm::{Vvm, VvmConfig, holder_value};
+
+/// Serves with `settings` until `shutdown` resolves: opens the store, loads the services,
+/// then launches a VVM; after each problem (leadership lost, acquisition timeout, a failing
+/// service) shuts it down and launches a new one, as a standby. When `shutdown` resolves, the
+/// running VVM's shutdown sequence ends the serving, and closing the store is the last step.
+///
+/// # Errors
+/// When the store cannot be opened or the services cannot be loaded (before serving).
+pub async fn serve_until(
+    settings: Settings,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    tokio::pin!(shutdown);
+    let store = store::open(&settings, false).await?;
+    let services = load_services(&settings).await?;
+    tracing::info!(
+        store = settings.store,
+        services = %settings.services.display(),
+        cluster_size = settings.cluster_size,
+        lease_ms = settings.lease.as_millis(),
+        "serving"
+    );
+    let mut backoff = LocalBackoff::new(settings.lease);
+    let mut stopping = false;
+    while !stopping {
+        let config = VvmConfig {
+            cluster_size: settings.cluster_size,
+            lease: settings.lease,
+            acquisition_timeout: settings.acquisition_timeout,
+            // One holder value per campaign: a delayed delete of an earlier campaign's
+            // record can never remove this one's.
+            holder: holder_value(),
+        };
+        let vvm = Vvm::provide(config, store.shared(), Arc::clone(&services)).launch();
+        let launched = tokio::time::Instant::now();
+        let problem = tokio::select! {
+            () = &mut shutdown => {
+                stopping = true;
+                None
+            }
+            problem = vvm.problems().wait() => {
+                tracing::warn!(%problem, "shutting down, then standing by");
+                Some(problem)
+            }
+        };
+        let vvm_shutdown = vvm.shutdown();
+        tokio::pin!(vvm_shutdown);
+        loop {
+            tokio::select! {
+                _ = &mut vvm_shutdown => break,
+                () = &mut shutdown, if !stopping => {
+                    tracing::info!("will exit after this shutdown");
+                    stopping = true;
+                }
+            }
+        }
+        if stopping {
+            break;
+        }
+        // After a problem of this host's own, let a healthy standby take the slot first.
+        if let Some(pause) = backoff.after(problem.as_ref(), launched.elapsed()) {
+            tracing::info!(
+                pause_ms = pause.as_millis(),
+                "local problem: backing off before campaigning"
+            );
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                () = &mut shutdown => stopping = true,
+            }
+        }
+    }
+    // Every VVM has shut down: no task holds the store any more.
+    drop(services);
+    store.close().await;
+    tracing::info!(store = settings.store, "store closed");
+    Ok(())
+}
+
+/// How long to stand aside after a problem that is this host's own (a service that fails
+/// here, a bug), so that a healthy standby takes the slot instead of this host winning it
+/// straight back: `L`, doubling with each such problem in a row up to `16·L`. A leadership
+/// that lasted `16·L`, or a problem that is not local (the lease lost, no slot free), starts
+/// over without a pause.
+struct LocalBackoff {
+    lease: Duration,
+    in_a_row: u32,
+}
+
+impl LocalBackoff {
+    const MAX_DOUBLINGS: u32 = 4;
+
+    fn new(lease: Duration) -> Self {
+        Self { lease, in_a_row: 0 }
+    }
+
+    fn after(&mut self, problem: Option<&Problem>, ran: Duration) -> Option<Duration> {
+        let max = self.lease.saturating_mul(1 << Self::MAX_DOUBLINGS);
+        let local = matches!(
+            problem,
+            Some(Problem::Service { .. } | Problem::Internal(_))
+        );
+        if !local || ran >= max {
+            self.in_a_row = 0;
+        }
+        if !local {
+            return None;
+        }
+        let pause = self
+            .lease
+            .saturating_mul(1 << self.in_a_row.min(Self::MAX_DOUBLINGS));
+        self.in_a_row = self.in_a_row.saturating_add(1);
+        Some(pause)
+    }
+}
+
+/// Compiles (or loads from cache) every service before campaigning; bad files are reported
+/// by name and reason (by the runtime) and the others still run.
+async fn load_services(settings: &Settings) -> anyhow::Result<Arc<dyn Services>> {
+    let config = RuntimeConfig::from_settings(settings)?;
+    // Compiling is CPU-bound and blocking: keep it off the async workers.
+    let (services, _rejected) = tokio::task::spawn_blocking(move || WasmServices::load(config))
+        .await
+        .context("loading services")??;
+    Ok(Arc::new(services))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::config::FileConfig;
+    use crate::store::{Record, RedbStore, TtlStore};
+    use crate::vvm::slot_key;
+
+    /// Waits (up to a minute) until slot 1's record satisfies `ok`, and returns it.
+    async fn slot_until(store: &RedbStore, ok: impl Fn(Option<&Record>) -> bool) -> Option<Record> {
+        for _ in 0..3000 {
+            let record = store.get(&slot_key(1)).await.unwrap();
+            if ok(record.as_ref()) {
+                return record;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("slot 1 never reached the expected state");
+    }
+
+    fn settings(dir: &Path) -> Settings {
+        let services = dir.join("services");
+        std::fs::create_dir(&services).unwrap();
+        let config = dir.join("vvm.toml");
+        std::fs::write(&config, "").unwrap();
+        let flags = FileConfig {
+            services: Some(services),
+            store: Some(dir.join("vvm.redb").display().to_string()),
+            lease: Some(Duration::from_secs(5)),
+            ..FileConfig::default()
+        };
+        Settings::resolve(flags, Some(&config)).unwrap()
+    }
+
+    /// SPEC §8, the re-campaign loop in-process: after losing its lease the host shuts its
+    /// VVM down and campaigns again (a new holder value, a higher term); its stop signal ends
+    /// the serving with the lease released and the store closed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn after_a_lost_lease_it_campaigns_again_until_its_stop_signal() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = settings(dir.path());
+        let peer = RedbStore::open(&settings.store).await.unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let serving = tokio::spawn(serve_until(settings, async {
+            let _ = stopped.await;
+        }));
+
+        let first = slot_until(&peer, |r| r.is_some()).await.unwrap();
+        // Someone else deletes the record: the host's next renewal finds the lease lost.
+        assert!(
+            peer.compare_and_delete(&slot_key(1), &first.value)
+                .await
+                .unwrap()
+        );
+        let second = slot_until(&peer, |r| r.is_some_and(|r| r.value != first.value))
+            .await
+            .unwrap();
+        assert!(second.term > first.term, "{second:?} after {first:?}");
+
+        stop.send(()).unwrap();
+        serving.await.unwrap().unwrap();
+        assert_eq!(peer.get(&slot_key(1)).await.unwrap(), None, "released");
+    }
+
+    #[test]
+    fn local_problems_back_off_doubling_and_others_do_not() {
+        let l = Duration::from_secs(1);
+        let service = Problem::Service {
+            name: "x".into(),
+            reason: "fails here".into(),
+        };
+        let mut b = LocalBackoff::new(l);
+        let short = Duration::from_millis(100);
+        assert_eq!(b.after(Some(&service), short), Some(l));
+        assert_eq!(b.after(Some(&service), short), Some(l * 2));
+        assert_eq!(b.after(Some(&service), short), Some(l * 4));
+        for _ in 0..5 {
+            b.after(Some(&service), short);
+        }
+        assert_eq!(b.after(Some(&service), short), Some(l * 16), "capped");
+        assert_eq!(b.after(Some(&Problem::LeadershipLost), short), None);
+        assert_eq!(b.after(Some(&service), short), Some(l), "started over");
+        b.after(Some(&service), short);
+        assert_eq!(
+            b.after(Some(&service), l * 16),
+            Some(l),
+            "a long leadership resets it"
+        );
+        assert_eq!(b.after(None, short), None);
+    }
+}
