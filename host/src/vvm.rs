@@ -368,7 +368,7 @@ impl Launcher {
                         wait = wait.min(retry_pause(config.lease));
                         continue;
                     }
-                    Err(ElectionError::Store(e)) => return Err(Problem::Store(e.to_string())),
+                    Err(ElectionError::Store(e)) => return Err(e.into()),
                 }
                 match within_quarter_lease(config.lease, "get", &key, store.get(&key)).await {
                     // Our own record: an earlier insert of this campaign failed (a timeout, an

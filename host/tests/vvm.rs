@@ -14,7 +14,7 @@ use tokio::time::{Instant, sleep};
 use vvm_host::clock::TokioClock;
 use vvm_host::killer::{KILLER_EXIT_CODE, Killer};
 use vvm_host::problem::{Problem, ProblemReporter};
-use vvm_host::store::{MemStore, TtlStore};
+use vvm_host::store::{MemStore, StoreError, TtlStore};
 use vvm_host::vvm::{LaunchedVvm, Vvm, VvmConfig, VvmState};
 
 const L: Duration = Duration::from_secs(20);
@@ -270,7 +270,8 @@ async fn update_problem_keeps_the_first_and_ignores_later_ones() {
     let problems = ProblemReporter::default();
     assert_eq!(problems.get(), None);
     assert!(problems.report(Problem::LeadershipLost));
-    assert!(!problems.report(Problem::Store("later".into())));
+    let later = StoreError::permanent("test", "later");
+    assert!(!problems.report(Problem::Store(later.into())));
     assert_eq!(problems.wait().await, Problem::LeadershipLost);
     assert_eq!(problems.get(), Some(Problem::LeadershipLost));
 }

@@ -43,22 +43,35 @@ pub struct LoadError {
     pub kind: LoadErrorKind,
 }
 
-/// Why a service file was rejected.
+/// Why a service file was rejected. Each message names the cause in full (it is all
+/// `vvm-host check` prints); the error behind it, if any, is also its `source`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LoadErrorKind {
     /// The file could not be read.
     #[error("cannot read: {0}")]
-    Read(std::io::Error),
-    /// The file is not a WebAssembly component (empty, a core module, truncated, corrupt).
+    Read(#[source] std::io::Error),
+    /// The file is not a WebAssembly component (empty, a core module): its header says so.
     #[error("not a valid component: {0}")]
     Invalid(String),
+    /// wasmtime could not compile the component (truncated, corrupt).
+    #[error("not a valid component: {0:#}")]
+    Compile(#[source] wasmtime::Error),
     /// The component targets neither supported world.
     #[error("unsupported world: {0}")]
     World(String),
+    /// The component exports the world's entry point with the wrong type.
+    #[error("unsupported world: {export} of the wrong type: {source:#}")]
+    WrongType {
+        /// The export: `run` or `wasi:cli/run`.
+        export: &'static str,
+        /// wasmtime's type check.
+        #[source]
+        source: wasmtime::Error,
+    },
     /// The component imports something the host does not provide.
-    #[error("unsupported imports: {0}")]
-    Imports(String),
+    #[error("unsupported imports: {0:#}")]
+    Imports(#[source] wasmtime::Error),
 }
 
 /// How the components of one load were obtained.
@@ -139,7 +152,7 @@ impl Compiler<'_> {
         check_header(&bytes).map_err(|m| fail(LoadErrorKind::Invalid(m)))?;
         let component = self
             .component(&bytes)
-            .map_err(|e| fail(LoadErrorKind::Invalid(format!("{e:#}"))))?;
+            .map_err(|e| fail(LoadErrorKind::Compile(e)))?;
         let pre = classify(self.engine, &component, linker).map_err(fail)?;
         Ok(Loaded { name, pre })
     }
@@ -255,15 +268,21 @@ fn classify(
     }
     let pre = linker
         .instantiate_pre(component)
-        .map_err(|e| LoadErrorKind::Imports(format!("{e:#}")))?;
+        .map_err(LoadErrorKind::Imports)?;
     if is_service {
         ServicePre::new(pre)
             .map(Pre::Service)
-            .map_err(|e| LoadErrorKind::World(format!("`run` of the wrong type: {e:#}")))
+            .map_err(|source| LoadErrorKind::WrongType {
+                export: "`run`",
+                source,
+            })
     } else {
         CommandPre::new(pre)
             .map(Pre::Command)
-            .map_err(|e| LoadErrorKind::World(format!("`wasi:cli/run` of the wrong type: {e:#}")))
+            .map_err(|source| LoadErrorKind::WrongType {
+                export: "`wasi:cli/run`",
+                source,
+            })
     }
 }
 
@@ -281,5 +300,35 @@ mod tests {
         );
         assert!(check_header(b"hello world").unwrap_err().contains("header"));
         assert_eq!(check_header(b"\0asm\x0d\0\x01\0"), Ok(()));
+    }
+
+    /// A component wasmtime cannot compile is rejected with wasmtime's error as the source,
+    /// and a message that still says it all.
+    #[test]
+    fn a_compile_error_keeps_wasmtime_s_error_as_its_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("truncated.wasm");
+        // A component header, then nothing: past the header check, refused by wasmtime.
+        std::fs::write(&path, b"\0asm\x0d\0\x01\0\x01").unwrap();
+        let engine = Engine::default();
+        let linker = Linker::new(&engine);
+        let mut compiler = Compiler {
+            engine: &engine,
+            cache_dir: dir.path(),
+            stats: LoadStats::default(),
+        };
+        let Err(e) = compiler.load(&path, &linker) else {
+            panic!("a truncated component loaded");
+        };
+        let LoadErrorKind::Compile(cause) = &e.kind else {
+            panic!("{e}");
+        };
+        let source = std::error::Error::source(&e.kind).expect("a source");
+        assert_eq!(source.to_string(), cause.to_string());
+        assert!(
+            e.to_string()
+                .contains(&format!("not a valid component: {cause:#}")),
+            "{e}"
+        );
     }
 }

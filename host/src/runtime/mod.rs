@@ -54,8 +54,8 @@ pub enum RuntimeError {
     },
     /// wasmtime rejected the engine configuration or the host's bindings.
     #[error("wasmtime setup: {0:#}")]
-    Engine(wasmtime::Error),
+    Engine(#[source] wasmtime::Error),
     /// The epoch ticker thread could not be started.
     #[error("epoch ticker thread: {0}")]
-    Ticker(std::io::Error),
+    Ticker(#[source] std::io::Error),
 }
