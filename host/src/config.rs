@@ -4,6 +4,7 @@
 //! configuration file, then the built-in default.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -65,6 +66,10 @@ pub struct FileConfig {
     pub memory_limit_mib: Option<u64>,
     /// Directory of the compiled-component cache.
     pub cache_dir: Option<PathBuf>,
+    /// Address of the operations endpoint (`/healthz`, `/leader`, `/metrics`), e.g.
+    /// `"127.0.0.1:9464"`; off when absent.
+    #[serde(default, with = "opt_addr")]
+    pub metrics_addr: Option<SocketAddr>,
     /// etcd client options.
     pub etcd: Option<EtcdFileConfig>,
     /// Per-service grants, keyed by service name (the `.wasm` file stem).
@@ -144,6 +149,30 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         return Err(format!("{text:?} is zero; durations must be positive"));
     }
     Ok(d)
+}
+
+/// Parses the operations endpoint's address, `IP:PORT` (port 0: any free port).
+///
+/// # Errors
+/// A message naming the setting and what is wrong with `text`.
+pub fn parse_metrics_addr(text: &str) -> Result<SocketAddr, String> {
+    let text = text.trim();
+    text.parse().map_err(|_| {
+        format!("metrics-addr {text:?} is not an IP:PORT address such as 127.0.0.1:9464")
+    })
+}
+
+mod opt_addr {
+    use std::net::SocketAddr;
+
+    use serde::{Deserialize, Deserializer};
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
+        let text = String::deserialize(d)?;
+        super::parse_metrics_addr(&text)
+            .map(Some)
+            .map_err(serde::de::Error::custom)
+    }
 }
 
 mod opt_duration {
@@ -279,6 +308,7 @@ lease = "2s"
 acquisition-timeout = "1m"
 grace-period = "500ms"
 memory-limit-mib = 32
+metrics-addr = "127.0.0.1:9464"
 [service.ticker]
 env = ["A=1"]
 "#,
@@ -289,6 +319,11 @@ env = ["A=1"]
         assert_eq!(cfg.acquisition_timeout, Some(Duration::from_secs(60)));
         assert_eq!(cfg.grace_period, Some(Duration::from_millis(500)));
         assert_eq!(cfg.service["ticker"].env, ["A=1"]);
+        assert_eq!(cfg.metrics_addr, Some(([127, 0, 0, 1], 9464).into()));
+        let err = parse("metrics-addr = \"localhost\"")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("metrics-addr \"localhost\" is not"), "{err}");
     }
 
     #[test]

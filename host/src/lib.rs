@@ -9,6 +9,7 @@
 //! - [`services`]: what the lifecycle starts once a slot is held (the seam to the runtime).
 //! - [`vvm`]: the lifecycle: provide, launch, leadership monitor, problem, ordered shutdown.
 //! - [`runtime`]: the wasmtime host: components, sandboxes, fencing, supervision.
+//! - [`ops`]: metrics, liveness and the operations endpoint (`/healthz`, `/leader`, `/metrics`).
 //! - [`config`] and [`cli`]: `vvm-host serve`, `status` and `check`.
 
 pub mod cli;
@@ -16,6 +17,7 @@ pub mod clock;
 pub mod config;
 pub mod elections;
 pub mod killer;
+pub mod ops;
 pub mod runtime;
 pub mod services;
 pub mod store;

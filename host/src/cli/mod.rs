@@ -3,6 +3,7 @@
 mod serve;
 mod status;
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -110,6 +111,10 @@ pub struct ServeArgs {
     /// Directory of the compiled-component cache [default: <services>/.cache].
     #[arg(long, env = "VVM_CACHE_DIR")]
     pub cache_dir: Option<PathBuf>,
+    /// Serve /healthz, /leader and Prometheus /metrics on this address, e.g. 127.0.0.1:9464
+    /// [default: off].
+    #[arg(long, env = "VVM_METRICS_ADDR", value_name = "ADDR", value_parser = config::parse_metrics_addr)]
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 /// Settings after flags, environment, file and defaults are merged.
@@ -135,6 +140,8 @@ pub struct Settings {
     pub cache_dir: PathBuf,
     /// Per-service grants.
     pub grants: std::collections::BTreeMap<String, GrantConfig>,
+    /// Address of the operations endpoint, if it is on.
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 impl Settings {
@@ -192,6 +199,7 @@ impl Settings {
                 .and_then(|s| s.cache_dir.clone())
                 .or(file.cache_dir)
                 .unwrap_or_else(|| services.join(".cache")),
+            metrics_addr: serve.and_then(|s| s.metrics_addr).or(file.metrics_addr),
             services,
             grants: file.service,
         };
@@ -377,6 +385,7 @@ mod tests {
             && s.acquisition_timeout <= config::MAX_ACQUISITION_TIMEOUT
             && s.grace_period <= config::MAX_GRACE_PERIOD
             && (1..=config::MAX_MEMORY_LIMIT_MIB << 20).contains(&s.memory_limit)
+            && s.metrics_addr.is_some()
     }
 
     proptest! {
@@ -393,23 +402,28 @@ mod tests {
             grace in duration_text(),
             cluster in any::<u32>(),
             memory in any::<u64>(),
+            metrics_addr in prop_oneof![
+                "[0-9a-z.:\\[\\] ]{0,24}",
+                (any::<[u8; 4]>(), any::<u16>())
+                    .prop_map(|(ip, port)| std::net::SocketAddr::from((ip, port)).to_string()),
+            ],
         ) {
             let file = format!(
                 "lease = \"{lease}\"\nacquisition-timeout = \"{acquisition}\"\n\
                  grace-period = \"{grace}\"\ncluster-size = {cluster}\n\
-                 memory-limit-mib = {memory}\n"
+                 memory-limit-mib = {memory}\nmetrics-addr = \"{metrics_addr}\"\n"
             );
             let (cluster, memory) = (cluster.to_string(), memory.to_string());
             let flags = [
                 "--lease", &lease, "--acquisition-timeout", &acquisition,
                 "--grace-period", &grace, "--cluster-size", &cluster,
-                "--memory-limit-mib", &memory,
+                "--memory-limit-mib", &memory, "--metrics-addr", &metrics_addr,
             ];
             for outcome in resolve_both(&file, &flags) {
                 match outcome {
                     Ok(settings) => prop_assert!(within_bounds(&settings), "{settings:?}"),
                     Err(message) => prop_assert!(
-                        ["lease", "acquisition", "grace", "cluster", "memory", "duration"]
+                        ["lease", "acquisition", "grace", "cluster", "memory", "duration", "metrics-addr"]
                             .iter()
                             .any(|name| message.contains(name)),
                         "{message}"

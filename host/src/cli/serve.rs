@@ -40,6 +40,7 @@ pub(super) async fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     let settings = Settings::resolve(&args.store, Some(args))?;
     // Signals first: a signal during start-up must not kill the process untidily.
     let mut signals = Signals::new().context("installing signal handlers")?;
+    let _endpoint = crate::ops::Endpoint::start_if(settings.metrics_addr)?;
     let store = settings.open_store(false).await?;
     let services = load_services(&settings).await?;
     tracing::info!(

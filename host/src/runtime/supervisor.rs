@@ -15,6 +15,7 @@ use super::component::{Loaded, Pre};
 use super::fence::Fenced;
 use super::host::{ServiceEnv, new_store};
 use super::services::Runtime;
+use crate::ops::Ops;
 use crate::vvm::Problem;
 
 /// How one run of a service ended.
@@ -62,6 +63,7 @@ pub(crate) async fn supervise(
                 tracing::warn!(service, "service interrupted: lease deadline passed");
             }
             Outcome::Failed(reason) => {
+                Ops::global().service_failed(service);
                 let now = Instant::now();
                 while failures
                     .front()
@@ -86,6 +88,7 @@ pub(crate) async fn supervise(
                     break;
                 }
                 tracing::warn!(service, count, ?backoff, %reason, "service failed; restarting");
+                Ops::global().service_restarted(service);
                 if !pause(&env, backoff).await {
                     break;
                 }
@@ -131,6 +134,7 @@ async fn run_once(
                 Err(e) => return failed("cannot instantiate", &e),
             };
             tracing::info!(service, kind = "service", "service running");
+            let _running = Ops::global().service_running();
             finish(env, Some(grace), instance.call_run(&mut store)).await
         }
         Pre::Command(pre) => {
@@ -143,6 +147,7 @@ async fn run_once(
                 Err(e) => return failed("cannot instantiate", &e),
             };
             tracing::info!(service, kind = "command", "service running");
+            let _running = Ops::global().service_running();
             let run = async {
                 let r = instance.wasi_cli_run().call_run(&mut store).await;
                 r.map(|r| r.map_err(|()| "the command exited with an error".to_owned()))
