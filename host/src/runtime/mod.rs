@@ -6,6 +6,7 @@
 //! - `fence`: no guest effect past the lease deadline: the per-call check, fenced streams.
 //! - `host`: per-store state and the `vvm:host` imports.
 //! - `output`: guest stdout/stderr as log lines.
+//! - `progress`: compile progress, a bar on a terminal or a log line per service.
 //! - `supervisor`: runs, restarts and stops one service.
 //! - `services`: [`WasmServices`], the [`crate::services::Services`] the lifecycle starts.
 
@@ -15,6 +16,7 @@ mod engine;
 mod fence;
 mod host;
 mod output;
+mod progress;
 mod services;
 mod supervisor;
 
