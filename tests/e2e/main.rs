@@ -13,6 +13,7 @@ mod guests;
 mod languages;
 mod netns;
 mod support;
+mod tools;
 
 use std::path::Path;
 use std::time::Duration;

@@ -45,17 +45,77 @@ pub enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the services directory while holding a slot; stand by otherwise.
+    #[command(after_help = SERVE_EXAMPLES)]
     Serve(ServeArgs),
     /// Show who holds each slot, with term and time left.
-    Status(StoreArgs),
-    /// Validate every component in a directory without serving; non-zero exit if any is bad.
-    Check {
-        /// The directory to check (default: the configured services directory).
-        dir: Option<PathBuf>,
+    #[command(after_help = STATUS_EXAMPLES)]
+    Status {
+        /// Print one JSON object instead of a table, for scripts.
+        #[arg(long)]
+        json: bool,
+        /// Also show log lines (on stderr); without it only the result is printed.
+        #[arg(short, long)]
+        verbose: bool,
         /// Settings.
         #[command(flatten)]
         settings: StoreArgs,
     },
+    /// Validate every component in a directory without serving; non-zero exit if any is bad.
+    #[command(after_help = CHECK_EXAMPLES)]
+    Check {
+        /// The directory to check (default: the configured services directory).
+        dir: Option<PathBuf>,
+        /// Also show log lines (on stderr); without it only the result is printed.
+        #[arg(short, long)]
+        verbose: bool,
+        /// Settings.
+        #[command(flatten)]
+        settings: StoreArgs,
+    },
+}
+
+const SERVE_EXAMPLES: &str = "\
+Examples:
+  # Serve ./services from ./vvm.redb, cluster size 1
+  vvm-host serve
+
+  # Start a standby: the same command beside the leader, on the same store file; it takes
+  # over when the leader stops or its lease expires
+  vvm-host serve --store /srv/vvm/vvm.redb --services /srv/vvm/services
+
+  # Point two hosts at etcd: run this on each machine
+  vvm-host serve --store etcd://10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379
+
+  # Grant the service ticker.wasm a directory (read-write; add :ro for read-only), in vvm.toml:
+  #   [service.ticker]
+  #   dirs = [\"/var/lib/ticker:/data\"]
+  vvm-host serve --config vvm.toml
+
+  # Serve /healthz, /leader (200 only on a leader) and Prometheus /metrics
+  vvm-host serve --metrics-addr 127.0.0.1:9464";
+
+const STATUS_EXAMPLES: &str = "\
+Examples:
+  vvm-host status
+  vvm-host status --store etcd://10.0.0.1:2379 --cluster-size 2
+  vvm-host status --json | jq -r '.slots[0].holder'";
+
+const CHECK_EXAMPLES: &str = "\
+Examples:
+  # The configured services directory
+  vvm-host check
+  # Another directory, with the log lines
+  vvm-host check ./new-services -v";
+
+impl Command {
+    /// Whether log lines are shown: always for `serve`; for the tools only with `-v`, so
+    /// that they print their result and nothing else.
+    pub fn logs(&self) -> bool {
+        match self {
+            Self::Serve(_) => true,
+            Self::Status { verbose, .. } | Self::Check { verbose, .. } => *verbose,
+        }
+    }
 }
 
 /// Where the store is and how big the cluster is: shared by every subcommand.
@@ -303,12 +363,24 @@ fn grants(name: &str, grant: &GrantConfig) -> Result<Grants, ConfigError> {
     })
 }
 
-/// Sets up logging to stderr: `RUST_LOG` filter (default `info`), text or JSON lines.
-pub fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+/// Sets up logging to stderr for `cli`: `RUST_LOG` filter (default `info`), text or JSON
+/// lines, none at all for a tool run without `-v`. Colour only on a terminal, and never with
+/// `NO_COLOR` set (journald and log shippers get plain text).
+pub fn init_logging(cli: &Cli) {
+    let filter = if cli.command.logs() {
+        tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+    } else {
+        tracing_subscriber::EnvFilter::new("off")
+    };
+    let colour = use_colour(
+        std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        std::env::var_os("NO_COLOR").as_deref(),
+    );
+    let format = cli.log_format;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
@@ -316,12 +388,18 @@ pub fn init_logging(format: LogFormat) {
     }
 }
 
+/// Whether to colour log lines: only on a terminal, and not when `NO_COLOR` is set to anything
+/// but the empty string (<https://no-color.org>).
+fn use_colour(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(std::ffi::OsStr::is_empty)
+}
+
 /// Runs the parsed command line and returns the process exit code.
 pub async fn run(cli: Cli) -> ExitCode {
     let result = match cli.command {
         Command::Serve(args) => serve::serve(&args).await,
-        Command::Status(args) => status::status(&args).await,
-        Command::Check { dir, settings } => status::check(dir, &settings).await,
+        Command::Status { json, settings, .. } => status::status(&settings, json).await,
+        Command::Check { dir, settings, .. } => status::check(dir, &settings).await,
     };
     match result {
         Ok(code) => code,
@@ -377,6 +455,51 @@ mod tests {
             }
         };
         [from_file, from_flags]
+    }
+
+    #[test]
+    fn every_command_has_examples_in_its_help() {
+        use clap::CommandFactory;
+        let mut cli = Cli::command();
+        for (name, needles) in [
+            (
+                "serve",
+                &["--store etcd://", "[service.ticker]", "dirs = ", "standby"][..],
+            ),
+            ("status", &["vvm-host status --json"][..]),
+            ("check", &["vvm-host check"][..]),
+        ] {
+            let help = cli
+                .find_subcommand_mut(name)
+                .unwrap()
+                .render_long_help()
+                .to_string();
+            assert!(help.contains("Examples:"), "{name}: {help}");
+            for needle in needles {
+                assert!(help.contains(needle), "{name} lacks {needle:?}: {help}");
+            }
+        }
+    }
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(use_colour(true, None));
+        assert!(
+            use_colour(true, Some("".as_ref())),
+            "an empty NO_COLOR is unset"
+        );
+        assert!(!use_colour(true, Some("1".as_ref())));
+        assert!(!use_colour(false, None));
+    }
+
+    #[test]
+    fn tools_log_only_with_verbose_and_serve_always() {
+        let logs = |args: &[&str]| Cli::try_parse_from(args).unwrap().command.logs();
+        assert!(logs(&["vvm-host", "serve"]));
+        assert!(!logs(&["vvm-host", "status"]));
+        assert!(logs(&["vvm-host", "status", "-v"]));
+        assert!(!logs(&["vvm-host", "check", "dir"]));
+        assert!(logs(&["vvm-host", "check", "--verbose", "dir"]));
     }
 
     fn within_bounds(s: &Settings) -> bool {

@@ -6,16 +6,40 @@ use std::process::ExitCode;
 use super::{Settings, StoreArgs};
 use crate::vvm::slot_key;
 
-/// Prints who holds each slot, with term and time left. Safe while hosts serve.
-pub(super) async fn status(args: &StoreArgs) -> anyhow::Result<ExitCode> {
+/// Prints who holds each slot, with term and time left: a table, or with `json` one JSON
+/// object (`{"slots": [{"slot", "holder", "term", "time_left_ms"}]}`, `null`s for a free slot).
+/// Safe while hosts serve.
+pub(super) async fn status(args: &StoreArgs, json: bool) -> anyhow::Result<ExitCode> {
     let settings = Settings::resolve(args, None)?;
     let store = settings.open_store(true).await?;
+    let mut slots = Vec::new();
+    for slot in 1..=settings.cluster_size {
+        slots.push((slot, store.get(&slot_key(slot)).await?));
+    }
+    if json {
+        let slots: Vec<_> = slots
+            .iter()
+            .map(|(slot, record)| match record {
+                Some(r) => serde_json::json!({
+                    "slot": slot,
+                    "holder": r.value,
+                    "term": r.term,
+                    "time_left_ms": u64::try_from(r.time_left.as_millis()).unwrap_or(u64::MAX),
+                }),
+                None => serde_json::json!({
+                    "slot": slot, "holder": null, "term": null, "time_left_ms": null,
+                }),
+            })
+            .collect();
+        println!("{}", serde_json::json!({ "slots": slots }));
+        return Ok(ExitCode::SUCCESS);
+    }
     println!(
         "{:<6} {:<48} {:>8} {:>10}",
         "SLOT", "HOLDER", "TERM", "TIME LEFT"
     );
-    for slot in 1..=settings.cluster_size {
-        match store.get(&slot_key(slot)).await? {
+    for (slot, record) in slots {
+        match record {
             Some(record) => println!(
                 "{:<6} {:<48} {:>8} {:>9.1}s",
                 slot,
