@@ -12,6 +12,7 @@ mod fencing;
 mod guests;
 mod languages;
 mod netns;
+mod ops;
 mod support;
 mod tools;
 
