@@ -14,6 +14,7 @@ mod languages;
 mod netns;
 mod ops;
 mod support;
+mod systemd;
 mod tools;
 
 use std::path::Path;
