@@ -283,6 +283,7 @@ impl Elections {
             return;
         };
         held.stop.cancel();
+        Ops::global().health().idle();
         // Whatever still runs under this lease (nothing, after an orderly shutdown) has no
         // effect from here on: the record is about to go, and another host may take it.
         held.deadline.send_replace(self.clock.now());
@@ -419,6 +420,8 @@ impl Elections {
     fn give_up(&self, r: &Renewal) {
         r.deadline.send_replace(self.clock.now());
         r.lost.cancel();
+        // No renewal step is due any more: the shutdown sequence (grace period) is not a wedge.
+        Ops::global().health().idle();
     }
 }
 
