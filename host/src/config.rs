@@ -6,6 +6,7 @@
 //! configuration file, then the built-in default.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -68,6 +69,10 @@ pub struct FileConfig {
     pub memory_limit_mib: Option<u64>,
     /// Directory of the compiled-component cache.
     pub cache_dir: Option<PathBuf>,
+    /// Address of the operations endpoint (`/healthz`, `/leader`, `/metrics`), e.g.
+    /// `"127.0.0.1:9464"`; off when absent.
+    #[serde(default, with = "opt_addr")]
+    pub metrics_addr: Option<SocketAddr>,
     /// etcd client options.
     pub etcd: Option<EtcdFileConfig>,
     /// Per-service grants, keyed by service name (the `.wasm` file stem).
@@ -149,6 +154,30 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// Parses the operations endpoint's address, `IP:PORT` (port 0: any free port).
+///
+/// # Errors
+/// A message naming the setting and what is wrong with `text`.
+pub fn parse_metrics_addr(text: &str) -> Result<SocketAddr, String> {
+    let text = text.trim();
+    text.parse().map_err(|_| {
+        format!("metrics-addr {text:?} is not an IP:PORT address such as 127.0.0.1:9464")
+    })
+}
+
+mod opt_addr {
+    use std::net::SocketAddr;
+
+    use serde::{Deserialize, Deserializer};
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
+        let text = String::deserialize(d)?;
+        super::parse_metrics_addr(&text)
+            .map(Some)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
 mod opt_duration {
     use std::time::Duration;
 
@@ -226,6 +255,8 @@ pub struct Settings {
     pub cache_dir: PathBuf,
     /// Per-service grants, as the file wrote them (`RuntimeConfig` parses them).
     pub grants: BTreeMap<String, GrantConfig>,
+    /// Address of the operations endpoint, if it is on.
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 impl Settings {
@@ -282,6 +313,7 @@ impl Settings {
                 .cache_dir
                 .or(file.cache_dir)
                 .unwrap_or_else(|| default_cache_dir(&services)),
+            metrics_addr: flags.metrics_addr.or(file.metrics_addr),
             services,
             grants: file.service,
         };
@@ -391,6 +423,7 @@ lease = "2s"
 acquisition-timeout = "1m"
 grace-period = "500ms"
 memory-limit-mib = 32
+metrics-addr = "127.0.0.1:9464"
 [service.ticker]
 env = ["A=1"]
 "#,
@@ -401,6 +434,11 @@ env = ["A=1"]
         assert_eq!(cfg.acquisition_timeout, Some(Duration::from_secs(60)));
         assert_eq!(cfg.grace_period, Some(Duration::from_millis(500)));
         assert_eq!(cfg.service["ticker"].env, ["A=1"]);
+        assert_eq!(cfg.metrics_addr, Some(([127, 0, 0, 1], 9464).into()));
+        let err = parse("metrics-addr = \"localhost\"")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("metrics-addr \"localhost\" is not"), "{err}");
     }
 
     #[test]

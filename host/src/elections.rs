@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::{Clock, Timestamp};
 use crate::killer::Killer;
+use crate::ops::{Ops, RenewalOutcome};
 use crate::store::{Store, StoreError, Term};
 
 /// Renew every `L / RENEW_DIVISOR`.
@@ -288,6 +289,7 @@ impl Elections {
             return;
         };
         held.stop.cancel();
+        Ops::global().health().idle();
         // Whatever still runs under this lease (nothing, after an orderly shutdown) has no
         // effect from here on: the record is about to go, and another host may take it.
         held.deadline.send_replace(self.clock.now());
@@ -337,13 +339,18 @@ impl Elections {
         let retry = retry_pause(r.lease);
         loop {
             let next = r.last_start.after(interval);
+            let until_next = next.left_from(self.clock.now()).unwrap_or_default();
+            Ops::global().health().step_due_in(until_next, r.lease);
             tokio::select! {
                 () = r.stop.cancelled() => return,
-                () = sleep(next.left_from(self.clock.now()).unwrap_or_default()) => {}
+                () = sleep(until_next) => {}
             }
             let mut attempt = 1;
             loop {
                 let cas_start = self.clock.now();
+                Ops::global()
+                    .health()
+                    .step_due_in(r.lease / ATTEMPT_DIVISOR, r.lease);
                 // Each attempt waits at most L/10: three of them end (lost, at worst) well
                 // before the killer's 0.8·L. A write given up on may still land; only an answer
                 // moves the deadline.
@@ -358,6 +365,12 @@ impl Elections {
                         "no answer within L/10",
                     ))),
                 };
+                let took = self
+                    .clock
+                    .now()
+                    .since_boot
+                    .saturating_sub(cas_start.since_boot);
+                Ops::global().renewal(RenewalOutcome::of(&outcome), took);
                 match outcome {
                     Ok(true) => {
                         let until = valid_until(cas_start, r.lease);
@@ -374,11 +387,6 @@ impl Elections {
                             }
                         }
                         r.last_start = cas_start;
-                        let took = self
-                            .clock
-                            .now()
-                            .since_boot
-                            .saturating_sub(cas_start.since_boot);
                         let took_us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
                         tracing::debug!(key = r.key, took_us, "renewed");
                         break;
@@ -390,6 +398,7 @@ impl Elections {
                     Err(e) if attempt < CAS_ATTEMPTS => {
                         tracing::warn!(key = r.key, attempt, error = %e, "renewal failed, retrying");
                         attempt += 1;
+                        Ops::global().health().step_due_in(retry, r.lease);
                         tokio::select! {
                             () = r.stop.cancelled() => return,
                             () = sleep(retry) => {}
@@ -417,6 +426,8 @@ impl Elections {
     fn give_up(&self, r: &Renewal) {
         r.deadline.send_replace(self.clock.now());
         r.lost.cancel();
+        // No renewal step is due any more: the shutdown sequence (grace period) is not a wedge.
+        Ops::global().health().idle();
     }
 }
 

@@ -104,6 +104,7 @@ impl Killer {
             was_armed
         };
         self.shared.wake.notify_all();
+        crate::ops::Ops::global().killer_armed(true);
         {
             let mut thread = self.thread.lock().unwrap_or_else(PoisonError::into_inner);
             if thread.as_ref().is_none_or(JoinHandle::is_finished) {
@@ -147,6 +148,7 @@ impl Killer {
             state.deadline.take().is_some()
         };
         self.shared.wake.notify_all();
+        crate::ops::Ops::global().killer_armed(false);
         let thread = self
             .thread
             .lock()

@@ -11,6 +11,7 @@
 //! - [`vvm`]: the lifecycle: provide, launch, leadership monitor, ordered shutdown.
 //! - [`runtime`]: the wasmtime host: components, sandboxes, fencing, supervision.
 //! - [`serve`]: the serve loop: lead, stand by, campaign again after a problem, until stopped.
+//! - [`ops`]: metrics, liveness and the operations endpoint (`/healthz`, `/leader`, `/metrics`).
 //! - [`config`]: every default and bound, and the resolution of the settings.
 //! - [`cli`]: the clap types and dispatch of `vvm-host serve`, `status` and `check`.
 
@@ -19,6 +20,7 @@ pub mod clock;
 pub mod config;
 pub mod elections;
 pub mod killer;
+pub mod ops;
 pub mod problem;
 pub mod runtime;
 pub mod serve;

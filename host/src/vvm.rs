@@ -161,6 +161,7 @@ impl Vvm {
                 // release passes the guests' deadline before it deletes the record.
                 elections.cleanup().await;
                 killer.disarm();
+                crate::ops::Ops::global().stepped_down();
                 state_tx.send_replace(VvmState::ShutDown);
             }
         });
@@ -263,6 +264,7 @@ impl Launcher {
         let term = leadership.term();
         tracing::info!(slot, term, "leading");
         self.state.send_replace(VvmState::Leading { slot, term });
+        crate::ops::Ops::global().leading(slot, term, leadership.deadline());
         // Services hear the stop on shutdown or on leadership loss, whichever is first.
         let stopping = self.shutdown.child_token();
         let monitor_stop = CancellationToken::new();
@@ -322,6 +324,7 @@ impl Launcher {
         }
         self.elections.cleanup().await;
         self.vvm.killer.disarm();
+        crate::ops::Ops::global().stepped_down();
         self.state.send_replace(VvmState::ShutDown);
         tracing::info!("shut down");
     }
@@ -407,6 +410,9 @@ impl Launcher {
                 wait = wait.max(Duration::from_millis(1));
             }
             // A release during the round has already completed `released`: look again at once.
+            crate::ops::Ops::global()
+                .health()
+                .step_due_in(wait, config.lease);
             tokio::select! {
                 () = self.shutdown.cancelled() => return Ok(None),
                 () = &mut released, if !released_already => {}
@@ -424,6 +430,9 @@ async fn within_quarter_lease<T, E: From<StoreError>>(
     key: &str,
     call: impl Future<Output = Result<T, E>>,
 ) -> Result<T, E> {
+    crate::ops::Ops::global()
+        .health()
+        .step_due_in(lease / 4, lease);
     tokio::time::timeout(lease / 4, call)
         .await
         .unwrap_or_else(|_| {

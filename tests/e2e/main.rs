@@ -12,7 +12,10 @@ mod fencing;
 mod guests;
 mod languages;
 mod netns;
+mod ops;
 mod support;
+mod systemd;
+mod tools;
 
 use std::path::Path;
 use std::time::Duration;

@@ -21,6 +21,6 @@ async fn main() -> ExitCode {
         }
         Err(e) => e.exit(),
     };
-    cli::init_logging(cli.log_format);
+    cli::init_logging(&cli);
     cli::run(cli).await
 }

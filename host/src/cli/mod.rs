@@ -5,6 +5,7 @@
 mod serve;
 mod status;
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -43,17 +44,77 @@ pub enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the services directory while holding a slot; stand by otherwise.
+    #[command(after_help = SERVE_EXAMPLES)]
     Serve(ServeArgs),
     /// Show who holds each slot, with term and time left.
-    Status(StoreArgs),
-    /// Validate every component in a directory without serving; non-zero exit if any is bad.
-    Check {
-        /// The directory to check (default: the configured services directory).
-        dir: Option<PathBuf>,
+    #[command(after_help = STATUS_EXAMPLES)]
+    Status {
+        /// Print one JSON object instead of a table, for scripts.
+        #[arg(long)]
+        json: bool,
+        /// Also show log lines (on stderr); without it only the result is printed.
+        #[arg(short, long)]
+        verbose: bool,
         /// Settings.
         #[command(flatten)]
         settings: StoreArgs,
     },
+    /// Validate every component in a directory without serving; non-zero exit if any is bad.
+    #[command(after_help = CHECK_EXAMPLES)]
+    Check {
+        /// The directory to check (default: the configured services directory).
+        dir: Option<PathBuf>,
+        /// Also show log lines (on stderr); without it only the result is printed.
+        #[arg(short, long)]
+        verbose: bool,
+        /// Settings.
+        #[command(flatten)]
+        settings: StoreArgs,
+    },
+}
+
+const SERVE_EXAMPLES: &str = "\
+Examples:
+  # Serve ./services from ./vvm.redb, cluster size 1
+  vvm-host serve
+
+  # Start a standby: the same command beside the leader, on the same store file; it takes
+  # over when the leader stops or its lease expires
+  vvm-host serve --store /srv/vvm/vvm.redb --services /srv/vvm/services
+
+  # Point two hosts at etcd: run this on each machine
+  vvm-host serve --store etcd://10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379
+
+  # Grant the service ticker.wasm a directory (read-write; add :ro for read-only), in vvm.toml:
+  #   [service.ticker]
+  #   dirs = [\"/var/lib/ticker:/data\"]
+  vvm-host serve --config vvm.toml
+
+  # Serve /healthz, /leader (200 only on a leader) and Prometheus /metrics
+  vvm-host serve --metrics-addr 127.0.0.1:9464";
+
+const STATUS_EXAMPLES: &str = "\
+Examples:
+  vvm-host status
+  vvm-host status --store etcd://10.0.0.1:2379 --cluster-size 2
+  vvm-host status --json | jq -r '.slots[0].holder'";
+
+const CHECK_EXAMPLES: &str = "\
+Examples:
+  # The configured services directory
+  vvm-host check
+  # Another directory, with the log lines
+  vvm-host check ./new-services -v";
+
+impl Command {
+    /// Whether log lines are shown: always for `serve`; for the tools only with `-v`, so
+    /// that they print their result and nothing else.
+    pub fn logs(&self) -> bool {
+        match self {
+            Self::Serve(_) => true,
+            Self::Status { verbose, .. } | Self::Check { verbose, .. } => *verbose,
+        }
+    }
 }
 
 /// Where the store is and how big the cluster is: shared by every subcommand.
@@ -122,6 +183,10 @@ pub struct ServeArgs {
     #[arg(long, env = "VVM_CACHE_DIR",
         help = format!("Directory of the compiled-component cache [default: <services>/{}]", config::CACHE_DIR_NAME))]
     pub cache_dir: Option<PathBuf>,
+    /// Serve /healthz, /leader and Prometheus /metrics on this address, e.g. 127.0.0.1:9464
+    /// [default: off].
+    #[arg(long, env = "VVM_METRICS_ADDR", value_name = "ADDR", value_parser = config::parse_metrics_addr)]
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 impl StoreArgs {
@@ -164,6 +229,7 @@ impl ServeArgs {
             grace_period: self.grace_period,
             memory_limit_mib: self.memory_limit_mib,
             cache_dir: self.cache_dir.clone(),
+            metrics_addr: self.metrics_addr,
             ..self.store.layer()
         };
         Settings::resolve(flags, self.store.config.as_deref())
@@ -179,12 +245,24 @@ fn show(d: Duration) -> String {
     }
 }
 
-/// Sets up logging to stderr: `RUST_LOG` filter (default `info`), text or JSON lines.
-pub fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+/// Sets up logging to stderr for `cli`: `RUST_LOG` filter (default `info`), text or JSON
+/// lines, none at all for a tool run without `-v`. Colour only on a terminal, and never with
+/// `NO_COLOR` set (journald and log shippers get plain text).
+pub fn init_logging(cli: &Cli) {
+    let filter = if cli.command.logs() {
+        tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+    } else {
+        tracing_subscriber::EnvFilter::new("off")
+    };
+    let colour = use_colour(
+        std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        std::env::var_os("NO_COLOR").as_deref(),
+    );
+    let format = cli.log_format;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
@@ -192,12 +270,18 @@ pub fn init_logging(format: LogFormat) {
     }
 }
 
+/// Whether to colour log lines: only on a terminal, and not when `NO_COLOR` is set to anything
+/// but the empty string (<https://no-color.org>).
+fn use_colour(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(std::ffi::OsStr::is_empty)
+}
+
 /// Runs the parsed command line and returns the process exit code.
 pub async fn run(cli: Cli) -> ExitCode {
     let result = match cli.command {
         Command::Serve(args) => serve::serve(&args).await,
-        Command::Status(args) => status::status(&args).await,
-        Command::Check { dir, settings } => status::check(dir, &settings).await,
+        Command::Status { json, settings, .. } => status::status(&settings, json).await,
+        Command::Check { dir, settings, .. } => status::check(dir, &settings).await,
     };
     match result {
         Ok(code) => code,
@@ -255,12 +339,58 @@ mod tests {
         [from_file, from_flags]
     }
 
+    #[test]
+    fn every_command_has_examples_in_its_help() {
+        use clap::CommandFactory;
+        let mut cli = Cli::command();
+        for (name, needles) in [
+            (
+                "serve",
+                &["--store etcd://", "[service.ticker]", "dirs = ", "standby"][..],
+            ),
+            ("status", &["vvm-host status --json"][..]),
+            ("check", &["vvm-host check"][..]),
+        ] {
+            let help = cli
+                .find_subcommand_mut(name)
+                .unwrap()
+                .render_long_help()
+                .to_string();
+            assert!(help.contains("Examples:"), "{name}: {help}");
+            for needle in needles {
+                assert!(help.contains(needle), "{name} lacks {needle:?}: {help}");
+            }
+        }
+    }
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(use_colour(true, None));
+        assert!(
+            use_colour(true, Some("".as_ref())),
+            "an empty NO_COLOR is unset"
+        );
+        assert!(!use_colour(true, Some("1".as_ref())));
+        assert!(!use_colour(false, None));
+    }
+
+    #[test]
+    fn tools_log_only_with_verbose_and_serve_always() {
+        let logs = |args: &[&str]| Cli::try_parse_from(args).unwrap().command.logs();
+        assert!(logs(&["vvm-host", "serve"]));
+        assert!(!logs(&["vvm-host", "status"]));
+        assert!(logs(&["vvm-host", "status", "-v"]));
+        assert!(!logs(&["vvm-host", "check", "dir"]));
+        assert!(logs(&["vvm-host", "check", "--verbose", "dir"]));
+    }
+
     fn within_bounds(s: &Settings) -> bool {
         (1..=config::MAX_CLUSTER_SIZE).contains(&s.cluster_size)
             && (config::MIN_LEASE..=config::MAX_LEASE).contains(&s.lease)
             && s.acquisition_timeout <= config::MAX_ACQUISITION_TIMEOUT
             && s.grace_period <= config::MAX_GRACE_PERIOD
             && (1..=config::mib_to_bytes(config::MAX_MEMORY_LIMIT_MIB)).contains(&s.memory_limit)
+            && s.metrics_addr.is_some()
     }
 
     proptest! {
@@ -277,23 +407,28 @@ mod tests {
             grace in duration_text(),
             cluster in any::<u32>(),
             memory in any::<u64>(),
+            metrics_addr in prop_oneof![
+                "[0-9a-z.:\\[\\] ]{0,24}",
+                (any::<[u8; 4]>(), any::<u16>())
+                    .prop_map(|(ip, port)| std::net::SocketAddr::from((ip, port)).to_string()),
+            ],
         ) {
             let file = format!(
                 "lease = \"{lease}\"\nacquisition-timeout = \"{acquisition}\"\n\
                  grace-period = \"{grace}\"\ncluster-size = {cluster}\n\
-                 memory-limit-mib = {memory}\n"
+                 memory-limit-mib = {memory}\nmetrics-addr = \"{metrics_addr}\"\n"
             );
             let (cluster, memory) = (cluster.to_string(), memory.to_string());
             let flags = [
                 "--lease", &lease, "--acquisition-timeout", &acquisition,
                 "--grace-period", &grace, "--cluster-size", &cluster,
-                "--memory-limit-mib", &memory,
+                "--memory-limit-mib", &memory, "--metrics-addr", &metrics_addr,
             ];
             for outcome in resolve_both(&file, &flags) {
                 match outcome {
                     Ok(settings) => prop_assert!(within_bounds(&settings), "{settings:?}"),
                     Err(message) => prop_assert!(
-                        ["lease", "acquisition", "grace", "cluster", "memory", "duration"]
+                        ["lease", "acquisition", "grace", "cluster", "memory", "duration", "metrics-addr"]
                             .iter()
                             .any(|name| message.contains(name)),
                         "{message}"

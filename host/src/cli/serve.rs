@@ -38,6 +38,7 @@ pub(super) async fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     let settings = args.settings()?;
     // Signals first: a signal during start-up must not kill the process untidily.
     let mut signals = Signals::new().context("installing signal handlers")?;
+    let _endpoint = crate::ops::Endpoint::start_if(settings.metrics_addr)?;
     let stop = CancellationToken::new();
     let serving = serve_until(settings, stop.clone().cancelled_owned());
     tokio::pin!(serving);

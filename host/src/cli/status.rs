@@ -9,17 +9,43 @@ use crate::runtime::RuntimeConfig;
 use crate::store;
 use crate::vvm::slot_key;
 
-/// Prints who holds each slot, with term and time left. Safe while hosts serve.
-pub(super) async fn status(args: &StoreArgs) -> anyhow::Result<ExitCode> {
+/// Prints who holds each slot, with term and time left: a table, or with `json` one JSON
+/// object (`{"slots": [{"slot", "holder", "term", "time_left_ms"}]}`, `null`s for a free slot).
+/// Safe while hosts serve.
+pub(super) async fn status(args: &StoreArgs, json: bool) -> anyhow::Result<ExitCode> {
     let settings = args.settings()?;
     let opened = store::open(&settings, true).await?;
     let store = opened.shared();
+    let mut slots = Vec::new();
+    for slot in 1..=settings.cluster_size {
+        slots.push((slot, store.get(&slot_key(slot)).await?));
+    }
+    drop(store);
+    opened.close().await;
+    if json {
+        let slots: Vec<_> = slots
+            .iter()
+            .map(|(slot, record)| match record {
+                Some(r) => serde_json::json!({
+                    "slot": slot,
+                    "holder": r.value,
+                    "term": r.term,
+                    "time_left_ms": u64::try_from(r.time_left.as_millis()).unwrap_or(u64::MAX),
+                }),
+                None => serde_json::json!({
+                    "slot": slot, "holder": null, "term": null, "time_left_ms": null,
+                }),
+            })
+            .collect();
+        println!("{}", serde_json::json!({ "slots": slots }));
+        return Ok(ExitCode::SUCCESS);
+    }
     println!(
         "{:<6} {:<48} {:>8} {:>10}",
         "SLOT", "HOLDER", "TERM", "TIME LEFT"
     );
-    for slot in 1..=settings.cluster_size {
-        match store.get(&slot_key(slot)).await? {
+    for (slot, record) in slots {
+        match record {
             Some(record) => println!(
                 "{:<6} {:<48} {:>8} {:>9.1}s",
                 slot,
@@ -30,8 +56,6 @@ pub(super) async fn status(args: &StoreArgs) -> anyhow::Result<ExitCode> {
             None => println!("{slot:<6} {:<48} {:>8} {:>10}", "(free)", "-", "-"),
         }
     }
-    drop(store);
-    opened.close().await;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -29,6 +29,7 @@ mod bindings {
     });
 }
 
+use crate::ops::KvOutcome;
 pub(crate) use bindings::ServicePre;
 use bindings::vvm::host::{kv, lease, log};
 
@@ -173,7 +174,9 @@ impl kv::Host for Host {
         self.env.fence("key-value write")?;
         let env = &self.env;
         let limits = env.kv_limits;
+        let count = |outcome| crate::ops::Ops::global().kv_write(&env.name, outcome);
         if key.len() > limits.max_key_bytes {
+            count(KvOutcome::Limited);
             return Ok(Err(format!(
                 "key of {} bytes is over the limit of {} bytes",
                 key.len(),
@@ -181,6 +184,7 @@ impl kv::Host for Host {
             )));
         }
         if value.len() > limits.max_value_bytes {
+            count(KvOutcome::Limited);
             return Ok(Err(format!(
                 "value of {} bytes is over the limit of {} bytes",
                 value.len(),
@@ -193,6 +197,7 @@ impl kv::Host for Host {
             .unwrap_or_else(PoisonError::into_inner)
             .take(limits.writes_per_second);
         if !allowed {
+            count(KvOutcome::Limited);
             return Ok(Err(format!(
                 "over the limit of {} key-value writes per second; try again later",
                 limits.writes_per_second
@@ -204,12 +209,21 @@ impl kv::Host for Host {
         };
         Ok(
             match env.store.kv_set(&fence, &env.name, &key, &value).await {
-                Ok(true) => Ok(()),
-                Ok(false) => Err(format!(
-                    "stale term {}: the lease {} has passed to another holder",
-                    env.lease.term, env.lease.key
-                )),
-                Err(e) => Err(e.to_string()),
+                Ok(true) => {
+                    count(KvOutcome::Ok);
+                    Ok(())
+                }
+                Ok(false) => Err({
+                    count(KvOutcome::Stale);
+                    format!(
+                        "stale term {}: the lease {} has passed to another holder",
+                        env.lease.term, env.lease.key
+                    )
+                }),
+                Err(e) => {
+                    count(KvOutcome::Error);
+                    Err(e.to_string())
+                }
             },
         )
     }

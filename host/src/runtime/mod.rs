@@ -9,6 +9,7 @@
 //! - `fence`: no guest effect past the lease deadline: the per-call check, fenced streams.
 //! - `host`: the linker, a fresh sandboxed store per instance, the `vvm:host` imports.
 //! - `output`: guest stdout/stderr as log lines.
+//! - `progress`: compile progress, a bar on a terminal or a log line per service.
 //! - `supervisor`: runs, restarts and stops one service.
 //! - `wasm_services`: [`WasmServices`], the [`crate::services::Services`] the lifecycle starts.
 //!
@@ -22,6 +23,7 @@ mod env;
 mod fence;
 mod host;
 mod output;
+mod progress;
 mod supervisor;
 mod wasm_services;
 

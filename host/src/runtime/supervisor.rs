@@ -16,6 +16,7 @@ use super::engine::Runtime;
 use super::env::ServiceEnv;
 use super::fence::Fenced;
 use super::host::new_store;
+use crate::ops::Ops;
 use crate::problem::Problem;
 
 /// How one run of a service ended.
@@ -63,6 +64,7 @@ pub(crate) async fn supervise(
                 tracing::warn!(service, "service interrupted: lease deadline passed");
             }
             Outcome::Failed(reason) => {
+                Ops::global().service_failed(service);
                 let now = Instant::now();
                 while failures
                     .front()
@@ -87,6 +89,7 @@ pub(crate) async fn supervise(
                     break;
                 }
                 tracing::warn!(service, count, ?backoff, %reason, "service failed; restarting");
+                Ops::global().service_restarted(service);
                 if !pause(&env, backoff).await {
                     break;
                 }
@@ -132,6 +135,7 @@ async fn run_once(
                 Err(e) => return failed("cannot instantiate", &e),
             };
             tracing::info!(service, kind = "service", "service running");
+            let _running = Ops::global().service_running();
             finish(env, Some(grace), instance.call_run(&mut store)).await
         }
         Pre::Command(pre) => {
@@ -144,6 +148,7 @@ async fn run_once(
                 Err(e) => return failed("cannot instantiate", &e),
             };
             tracing::info!(service, kind = "command", "service running");
+            let _running = Ops::global().service_running();
             let run = async {
                 let r = instance.wasi_cli_run().call_run(&mut store).await;
                 r.map(|r| r.map_err(|()| "the command exited with an error".to_owned()))

@@ -13,6 +13,7 @@ use super::component::{self, Compiler, LoadError, LoadStats, Loaded, ServiceKind
 use super::engine::{self, Runtime};
 use super::env::{ServiceEnv, WriteBudget};
 use super::host;
+use super::progress::Progress;
 use super::supervisor::supervise;
 use super::{RuntimeConfig, RuntimeError};
 use crate::services::{RunningServices, ServiceContext, ServiceError, Services};
@@ -48,18 +49,27 @@ impl WasmServices {
         };
         let mut services = Vec::new();
         let mut errors = Vec::new();
+        let progress = Progress::new(files.len());
         for path in files {
+            let step = progress.start(&path.file_stem().unwrap_or_default().to_string_lossy());
+            let compiled_before = compiler.stats.compiled;
             match compiler.load(&path, &linker) {
                 Ok(loaded) => {
-                    tracing::info!(service = %loaded.name, world = %loaded.kind(), "service loaded");
+                    let compiled = compiler.stats.compiled > compiled_before;
+                    let duration_ms = step.elapsed_ms();
+                    progress.suspend(|| tracing::info!(service = %loaded.name, world = %loaded.kind(), compiled, duration_ms, "service loaded"));
                     services.push(Arc::new(loaded));
                 }
                 Err(e) => {
-                    tracing::error!(error = %e, "service rejected");
+                    let duration_ms = step.elapsed_ms();
+                    progress
+                        .suspend(|| tracing::error!(error = %e, duration_ms, "service rejected"));
                     errors.push(e);
                 }
             }
+            progress.done();
         }
+        drop(progress);
         let stats = compiler.stats;
         tracing::info!(
             services = services.len(),

@@ -1,0 +1,349 @@
+//! The Prometheus metrics of `/metrics` (SPEC §8, Operations), with `prometheus-client`.
+//!
+//! Hot paths touch only atomics: the renewal loop's counters are resolved to their label once,
+//! at start, and its latency histogram is a set of atomic buckets ([`LatencyHistogram`]), since
+//! prometheus-client's own histogram takes a lock that a scrape holds while it encodes.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::{MetricType, TypedMetric};
+use prometheus_client::registry::Registry;
+
+/// How one renewal attempt ended (`vvm_lease_renewals_total{outcome}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RenewalOutcome {
+    /// The record was rewritten: the lease goes on.
+    Ok,
+    /// The record changed or expired: the lease is lost.
+    Lost,
+    /// The store failed or did not answer in time (retried, up to three attempts).
+    Error,
+}
+
+impl RenewalOutcome {
+    /// The outcome of a compare-and-swap answer.
+    pub fn of<E>(answer: &Result<bool, E>) -> Self {
+        match answer {
+            Ok(true) => Self::Ok,
+            Ok(false) => Self::Lost,
+            Err(_) => Self::Error,
+        }
+    }
+}
+
+/// How a guest's key-value write ended (`vvm_kv_writes_total{service,outcome}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvOutcome {
+    /// Written.
+    Ok,
+    /// Over a size or rate limit.
+    Limited,
+    /// Rejected: the writer's term is stale.
+    Stale,
+    /// The store failed.
+    Error,
+}
+
+impl KvOutcome {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Limited => "limited",
+            Self::Stale => "stale",
+            Self::Error => "error",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct SlotLabels {
+    pub slot: u32,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServiceLabels {
+    service: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KvLabels {
+    service: String,
+    outcome: &'static str,
+}
+
+/// Every metric of the process, registered once.
+#[derive(Debug)]
+pub(super) struct Metrics {
+    pub registry: Registry,
+    pub lease_held: Family<SlotLabels, Gauge>,
+    pub lease_term: Family<SlotLabels, Gauge>,
+    pub lease_time_left: Family<SlotLabels, Gauge<f64, AtomicU64>>,
+    renewals: [Counter; 3],
+    pub renewal_latency: LatencyHistogram,
+    pub takeovers: Counter,
+    pub killer_armed: Gauge,
+    pub services_running: Gauge,
+    service_restarts: Family<ServiceLabels, Counter>,
+    service_failures: Family<ServiceLabels, Counter>,
+    effects_refused: Family<ServiceLabels, Counter>,
+    kv_writes: Family<KvLabels, Counter>,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let lease_held = Family::<SlotLabels, Gauge>::default();
+        let lease_term = Family::<SlotLabels, Gauge>::default();
+        let lease_time_left = Family::<SlotLabels, Gauge<f64, AtomicU64>>::default();
+        let renewals = Family::<OutcomeLabels, Counter>::default();
+        let renewal_latency = LatencyHistogram::default();
+        let takeovers = Counter::default();
+        let killer_armed = Gauge::default();
+        let services_running = Gauge::default();
+        let service_restarts = Family::<ServiceLabels, Counter>::default();
+        let service_failures = Family::<ServiceLabels, Counter>::default();
+        let effects_refused = Family::<ServiceLabels, Counter>::default();
+        let kv_writes = Family::<KvLabels, Counter>::default();
+        let r = &mut registry;
+        r.register(
+            "vvm_lease_held",
+            "1 while this host holds the slot's lease, else 0",
+            lease_held.clone(),
+        );
+        r.register(
+            "vvm_lease_term",
+            "The term (fencing token) of the slot's lease this host holds or last held",
+            lease_term.clone(),
+        );
+        r.register(
+            "vvm_lease_time_left_seconds",
+            "Time left until the local lease deadline (start of the last write + 0.8 L)",
+            lease_time_left.clone(),
+        );
+        r.register(
+            "vvm_lease_renewals",
+            "Lease renewal attempts, by outcome (ok, lost, error)",
+            renewals.clone(),
+        );
+        r.register(
+            "vvm_lease_renewal_duration_seconds",
+            "How long each renewal attempt took",
+            renewal_latency.clone(),
+        );
+        r.register(
+            "vvm_takeovers",
+            "Slots this host acquired (each starts a leadership)",
+            takeovers.clone(),
+        );
+        r.register(
+            "vvm_killer_armed",
+            "1 while the killer is armed (a lease may be held), else 0",
+            killer_armed.clone(),
+        );
+        r.register(
+            "vvm_services_running",
+            "Service instances running now",
+            services_running.clone(),
+        );
+        r.register(
+            "vvm_service_restarts",
+            "Restarts of a failed service",
+            service_restarts.clone(),
+        );
+        r.register(
+            "vvm_service_failures",
+            "Runs of a service that failed (error, trap, exit code, cannot start)",
+            service_failures.clone(),
+        );
+        r.register(
+            "vvm_guest_effects_refused",
+            "Guest effects refused because the local lease deadline had passed",
+            effects_refused.clone(),
+        );
+        r.register(
+            "vvm_kv_writes",
+            "Guest key-value writes, by outcome (ok, limited, stale, error)",
+            kv_writes.clone(),
+        );
+        let renewals = ["ok", "lost", "error"]
+            .map(|outcome| renewals.get_or_create(&OutcomeLabels { outcome }).clone());
+        Self {
+            registry,
+            lease_held,
+            lease_term,
+            lease_time_left,
+            renewals,
+            renewal_latency,
+            takeovers,
+            killer_armed,
+            services_running,
+            service_restarts,
+            service_failures,
+            effects_refused,
+            kv_writes,
+        }
+    }
+
+    pub fn renewal(&self, outcome: RenewalOutcome, took: Duration) {
+        let i = match outcome {
+            RenewalOutcome::Ok => 0,
+            RenewalOutcome::Lost => 1,
+            RenewalOutcome::Error => 2,
+        };
+        self.renewals[i].inc();
+        self.renewal_latency.observe(took);
+    }
+
+    pub fn service_failed(&self, service: &str) {
+        inc(&self.service_failures, service);
+    }
+
+    pub fn service_restarted(&self, service: &str) {
+        inc(&self.service_restarts, service);
+    }
+
+    pub fn effect_refused(&self, service: &str) {
+        inc(&self.effects_refused, service);
+    }
+
+    pub fn kv_write(&self, service: &str, outcome: KvOutcome) {
+        self.kv_writes
+            .get_or_create(&KvLabels {
+                service: service.to_owned(),
+                outcome: outcome.label(),
+            })
+            .inc();
+    }
+}
+
+fn inc(family: &Family<ServiceLabels, Counter>, service: &str) {
+    family
+        .get_or_create(&ServiceLabels {
+            service: service.to_owned(),
+        })
+        .inc();
+}
+
+/// Upper bounds of the renewal latency buckets, seconds: 100 µs to ~6.6 s by 4×, then +Inf.
+/// A redb commit takes ~0.5 ms, an etcd round trip ~1.5 ms; one attempt waits at most L/10.
+const LATENCY_BOUNDS: [f64; 9] = [
+    0.0001, 0.0004, 0.0016, 0.0064, 0.0256, 0.1024, 0.4096, 1.6384, 6.5536,
+];
+
+/// A histogram of durations on atomics only: observing never waits for a scrape.
+#[derive(Clone, Debug, Default)]
+pub(super) struct LatencyHistogram {
+    inner: std::sync::Arc<LatencyInner>,
+}
+
+#[derive(Debug, Default)]
+struct LatencyInner {
+    /// Per bucket (the last one is +Inf), not cumulative.
+    buckets: [AtomicU64; LATENCY_BOUNDS.len() + 1],
+    count: AtomicU64,
+    sum_nanos: AtomicU64,
+}
+
+impl LatencyHistogram {
+    fn observe(&self, took: Duration) {
+        let secs = took.as_secs_f64();
+        let i = LATENCY_BOUNDS
+            .iter()
+            .position(|bound| secs <= *bound)
+            .unwrap_or(LATENCY_BOUNDS.len());
+        self.inner.buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.inner.count.fetch_add(1, Ordering::Relaxed);
+        let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        self.inner.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+}
+
+impl TypedMetric for LatencyHistogram {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for LatencyHistogram {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let inner = &*self.inner;
+        // prometheus-client writes the last bound, infinity, as `+Inf`.
+        let buckets: Vec<(f64, u64)> = LATENCY_BOUNDS
+            .iter()
+            .copied()
+            .chain([f64::INFINITY])
+            .zip(inner.buckets.iter().map(|b| b.load(Ordering::Relaxed)))
+            .collect();
+        // Count as the sum of the buckets read: a concurrent observation never makes the
+        // exposition inconsistent.
+        let count = buckets.iter().map(|(_, n)| n).sum();
+        #[allow(clippy::cast_precision_loss)]
+        let sum = inner.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+        encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(m: &Metrics) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &m.registry).unwrap();
+        out
+    }
+
+    #[test]
+    fn renewals_are_counted_by_outcome_and_timed_in_buckets() {
+        let m = Metrics::new();
+        m.renewal(RenewalOutcome::Ok, Duration::from_micros(300));
+        m.renewal(RenewalOutcome::Ok, Duration::from_millis(2));
+        m.renewal(RenewalOutcome::Error, Duration::from_secs(60));
+        let out = text(&m);
+        for line in [
+            "vvm_lease_renewals_total{outcome=\"ok\"} 2",
+            "vvm_lease_renewals_total{outcome=\"lost\"} 0",
+            "vvm_lease_renewals_total{outcome=\"error\"} 1",
+            "vvm_lease_renewal_duration_seconds_count 3",
+            "vvm_lease_renewal_duration_seconds_bucket{le=\"0.0001\"} 0",
+            "vvm_lease_renewal_duration_seconds_bucket{le=\"0.0004\"} 1",
+            "vvm_lease_renewal_duration_seconds_bucket{le=\"0.0064\"} 2",
+            "vvm_lease_renewal_duration_seconds_bucket{le=\"6.5536\"} 2",
+            "vvm_lease_renewal_duration_seconds_bucket{le=\"+Inf\"} 3",
+        ] {
+            assert!(out.lines().any(|l| l == line), "{line} missing in:\n{out}");
+        }
+    }
+
+    #[test]
+    fn per_service_counters_carry_the_service_label() {
+        let m = Metrics::new();
+        m.service_failed("svc");
+        m.service_restarted("svc");
+        m.effect_refused("svc");
+        m.kv_write("svc", KvOutcome::Ok);
+        m.kv_write("svc", KvOutcome::Stale);
+        let out = text(&m);
+        for line in [
+            "vvm_service_failures_total{service=\"svc\"} 1",
+            "vvm_service_restarts_total{service=\"svc\"} 1",
+            "vvm_guest_effects_refused_total{service=\"svc\"} 1",
+            "vvm_kv_writes_total{service=\"svc\",outcome=\"ok\"} 1",
+            "vvm_kv_writes_total{service=\"svc\",outcome=\"stale\"} 1",
+        ] {
+            assert!(out.lines().any(|l| l == line), "{line} missing in:\n{out}");
+        }
+    }
+}

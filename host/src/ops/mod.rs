@@ -1,0 +1,249 @@
+//! Operations (SPEC §8, "Operations"): metrics, liveness and leadership of this process, and
+//! the optional HTTP endpoint (`--metrics-addr`) serving `/healthz`, `/leader` and `/metrics`.
+//!
+//! - `health`: [`Health`], the step deadlines that tell a wedged host (`/healthz`).
+//! - `metrics`: the Prometheus metrics (`/metrics`).
+//! - `http`: the endpoint, on a thread of its own ([`Endpoint`]).
+//!
+//! One process is one exporter, as with Prometheus' default registry: the lifecycle, the
+//! elections and the runtime report to [`Ops::global`] with one-line calls, instead of having a
+//! handle threaded through every layer. Every report is an atomic update or a watch-channel
+//! write, so reporting never waits on a scrape, and a scrape never holds anything the renewal
+//! path needs.
+
+mod health;
+mod http;
+mod metrics;
+
+pub use health::Health;
+pub use http::{Endpoint, EndpointError};
+pub use metrics::{KvOutcome, RenewalOutcome};
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::sync::watch;
+
+use crate::clock::{Clock, SystemClock};
+use crate::elections::LeaseDeadline;
+use crate::store::Term;
+use metrics::{Metrics, SlotLabels};
+
+/// The lease this host leads under, as `/leader` and the lease gauges show it.
+#[derive(Clone, Debug)]
+pub struct Leader {
+    /// The slot held.
+    pub slot: u32,
+    /// Its term.
+    pub term: Term,
+    /// The local lease deadline (moved by every renewal, pulled in on loss).
+    pub deadline: LeaseDeadline,
+}
+
+impl Leader {
+    /// True while the local lease deadline has not passed.
+    pub fn is_valid(&self) -> bool {
+        !self.deadline.has_passed()
+    }
+}
+
+/// Metrics, health and leadership of the process. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Ops {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    metrics: Metrics,
+    health: Health,
+    /// The current (or last) leadership; `None` before the first.
+    leader: watch::Sender<Option<Leader>>,
+    /// Whether `leader` is current: set on [`Ops::leading`], cleared on [`Ops::stepped_down`].
+    leading: watch::Sender<bool>,
+}
+
+impl Ops {
+    /// A fresh set on `clock` (tests; the process uses [`Ops::global`]).
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                metrics: Metrics::new(),
+                health: Health::new(clock),
+                leader: watch::Sender::new(None),
+                leading: watch::Sender::new(false),
+            }),
+        }
+    }
+
+    /// The process's set, on `CLOCK_BOOTTIME` like the lease deadlines.
+    pub fn global() -> &'static Ops {
+        static GLOBAL: OnceLock<Ops> = OnceLock::new();
+        GLOBAL.get_or_init(|| Ops::new(Arc::new(SystemClock::local())))
+    }
+
+    /// Liveness: where the campaign and the renewal loop publish their next step.
+    pub fn health(&self) -> &Health {
+        &self.inner.health
+    }
+
+    /// A slot was acquired and services start under it.
+    pub fn leading(&self, slot: u32, term: Term, deadline: LeaseDeadline) {
+        self.inner.metrics.takeovers.inc();
+        let labels = SlotLabels { slot };
+        self.inner
+            .metrics
+            .lease_term
+            .get_or_create(&labels)
+            .set(i64::try_from(term).unwrap_or(i64::MAX));
+        self.inner.leader.send_replace(Some(Leader {
+            slot,
+            term,
+            deadline,
+        }));
+        self.inner.leading.send_replace(true);
+    }
+
+    /// The VVM has shut down: no lease held, no step scheduled.
+    pub fn stepped_down(&self) {
+        self.inner.leading.send_replace(false);
+        self.inner.health.idle();
+    }
+
+    /// The leadership `/leader` reports: held and not past its local deadline.
+    pub fn leader(&self) -> Option<Leader> {
+        if !*self.inner.leading.borrow() {
+            return None;
+        }
+        self.inner.leader.borrow().clone().filter(Leader::is_valid)
+    }
+
+    /// One renewal attempt ended with `outcome` after `took`.
+    pub fn renewal(&self, outcome: RenewalOutcome, took: Duration) {
+        self.inner.metrics.renewal(outcome, took);
+    }
+
+    /// The killer was armed (`true`) or disarmed.
+    pub fn killer_armed(&self, armed: bool) {
+        self.inner.metrics.killer_armed.set(i64::from(armed));
+    }
+
+    /// A service instance runs until the returned guard is dropped.
+    #[must_use = "the instance counts as running until the guard is dropped"]
+    pub fn service_running(&self) -> RunningGuard {
+        let gauge = self.inner.metrics.services_running.clone();
+        gauge.inc();
+        RunningGuard { gauge }
+    }
+
+    /// A run of `service` failed.
+    pub fn service_failed(&self, service: &str) {
+        self.inner.metrics.service_failed(service);
+    }
+
+    /// `service` is restarted after a failure.
+    pub fn service_restarted(&self, service: &str) {
+        self.inner.metrics.service_restarted(service);
+    }
+
+    /// A guest effect of `service` was refused past the lease deadline.
+    pub fn effect_refused(&self, service: &str) {
+        self.inner.metrics.effect_refused(service);
+    }
+
+    /// A key-value write of `service` ended with `outcome`.
+    pub fn kv_write(&self, service: &str, outcome: KvOutcome) {
+        self.inner.metrics.kv_write(service, outcome);
+    }
+
+    /// The Prometheus (OpenMetrics) text exposition of every metric, as of now.
+    pub fn render(&self) -> String {
+        let m = &self.inner.metrics;
+        // The lease gauges are read from the leadership at scrape time.
+        if let Some(last) = self.inner.leader.borrow().clone() {
+            let labels = SlotLabels { slot: last.slot };
+            let current = *self.inner.leading.borrow() && last.is_valid();
+            m.lease_held.get_or_create(&labels).set(i64::from(current));
+            let left = if current {
+                last.deadline.time_left().unwrap_or_default()
+            } else {
+                Duration::ZERO
+            };
+            m.lease_time_left
+                .get_or_create(&labels)
+                .set(left.as_secs_f64());
+        }
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &m.registry);
+        out
+    }
+}
+
+/// Counts one running service instance until dropped.
+#[derive(Debug)]
+pub struct RunningGuard {
+    gauge: Gauge,
+}
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    #[test]
+    fn the_leader_and_lease_gauges_follow_leadership_and_its_deadline() {
+        let clock = ManualClock::default();
+        let ops = Ops::new(Arc::new(clock.clone()));
+        assert!(ops.leader().is_none());
+        let (deadline_tx, deadline) = LeaseDeadline::manual(
+            Arc::new(clock.clone()),
+            clock.now().after(Duration::from_secs(16)),
+        );
+        ops.leading(2, 7, deadline);
+        let leader = ops.leader().unwrap();
+        assert_eq!((leader.slot, leader.term), (2, 7));
+        let text = ops.render();
+        for line in [
+            "vvm_lease_held{slot=\"2\"} 1",
+            "vvm_lease_term{slot=\"2\"} 7",
+            "vvm_lease_time_left_seconds{slot=\"2\"} 16.0",
+            "vvm_takeovers_total 1",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line} missing in:\n{text}"
+            );
+        }
+        // Lost: the deadline is pulled in to now, before the VVM has shut down.
+        deadline_tx.send_replace(clock.now());
+        assert!(ops.leader().is_none());
+        assert!(ops.render().contains("vvm_lease_held{slot=\"2\"} 0"));
+        ops.stepped_down();
+        assert!(ops.leader().is_none());
+        let text = ops.render();
+        assert!(text.contains("vvm_lease_held{slot=\"2\"} 0"), "{text}");
+        assert!(
+            text.contains("vvm_lease_time_left_seconds{slot=\"2\"} 0.0"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn running_services_are_counted_while_their_guard_lives() {
+        let ops = Ops::new(Arc::new(ManualClock::default()));
+        let a = ops.service_running();
+        let b = ops.service_running();
+        assert!(ops.render().contains("vvm_services_running 2"));
+        drop(a);
+        drop(b);
+        assert!(ops.render().contains("vvm_services_running 0"));
+    }
+}
