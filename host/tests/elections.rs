@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::{Fault, FaultyStore, Journal, Op, counting_killer, mem_store};
+use common::{Fault, FaultyStore, Journal, Op, mem_store};
 use proptest::prelude::*;
 use tokio::time::{Instant, advance, sleep};
 use vvm_host::clock::{SystemClock, Timestamp, TokioClock};
@@ -32,7 +32,7 @@ fn fixture_on(mem: MemStore) -> Fixture {
     let journal = Journal::default();
     let store = FaultyStore::new(mem, "a", &journal);
     let clock = TokioClock::new();
-    let (fired, killer) = counting_killer(&clock);
+    let (fired, killer) = Killer::counting(Arc::new(clock.clone()));
     let elections = Elections::new(store.clone(), Arc::clone(&killer), Arc::new(clock.clone()));
     Fixture {
         clock,

@@ -7,9 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::{
-    Behaviour, Fault, FaultyStore, Journal, Op, RecordingServices, counting_killer, mem_store,
-};
+use common::{Behaviour, Fault, FaultyStore, Journal, Op, RecordingServices, mem_store};
 use tokio::time::{Instant, sleep};
 use vvm_host::clock::TokioClock;
 use vvm_host::killer::{KILLER_EXIT_CODE, Killer};
@@ -41,7 +39,7 @@ fn launch_with(mem: &MemStore, journal: &Journal, config: VvmConfig, b: Behaviou
     let store = FaultyStore::new(mem.clone(), &name, journal);
     let services = RecordingServices::new(&name, b, journal);
     let clock = TokioClock::new();
-    let (fired, killer) = counting_killer(&clock);
+    let (fired, killer) = Killer::counting(Arc::new(clock.clone()));
     let vvm = Vvm::provide(config, store.clone(), services.clone())
         .with_clock_and_killer(Arc::new(clock), Arc::clone(&killer))
         .launch();
@@ -314,7 +312,7 @@ async fn shutdown_while_an_acquisition_hangs_ends_and_cleans_up_the_write() {
     store.script(Op::Insert, [Fault::Stall]);
     let services = RecordingServices::new("a", Behaviour::default(), &journal);
     let clock = TokioClock::new();
-    let (_, killer) = counting_killer(&clock);
+    let (_, killer) = Killer::counting(Arc::new(clock.clone()));
     let vvm = Vvm::provide(cfg, store.clone(), services)
         .with_clock_and_killer(Arc::new(clock), Arc::clone(&killer))
         .launch();
@@ -470,7 +468,7 @@ async fn a_release_while_the_standby_is_looking_is_not_missed() {
     store.script(Op::Get, [Fault::DelayAfter(Duration::from_secs(1))]);
     let services = RecordingServices::new("b", Behaviour::default(), &journal);
     let clock = TokioClock::new();
-    let (_, killer) = counting_killer(&clock);
+    let (_, killer) = Killer::counting(Arc::new(clock.clone()));
     let b = Vvm::provide(cfg, store, services)
         .with_clock_and_killer(Arc::new(clock), killer)
         .launch();
@@ -690,7 +688,7 @@ async fn an_insert_applied_despite_an_error_does_not_make_the_host_wait_for_itse
     store.script(Op::Insert, [Fault::ApplyThenTransient]);
     let services = RecordingServices::new(name, Behaviour::default(), &journal);
     let clock = TokioClock::new();
-    let (_, killer) = counting_killer(&clock);
+    let (_, killer) = Killer::counting(Arc::new(clock.clone()));
     let t0 = Instant::now();
     let vvm = Vvm::provide(config(name, 1), store, services)
         .with_clock_and_killer(Arc::new(clock), Arc::clone(&killer))
@@ -716,7 +714,7 @@ async fn a_store_call_that_never_answers_does_not_hang_the_campaign() {
     store.script(Op::Insert, [Fault::Stall]);
     let services = RecordingServices::new("a", Behaviour::default(), &journal);
     let clock = TokioClock::new();
-    let (_, killer) = counting_killer(&clock);
+    let (_, killer) = Killer::counting(Arc::new(clock.clone()));
     let t0 = Instant::now();
     let vvm = Vvm::provide(config("a", 1), store, services)
         .with_clock_and_killer(Arc::new(clock), killer)

@@ -11,7 +11,6 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::{Instant, sleep};
 use vvm_host::clock::TokioClock;
-use vvm_host::killer::Killer;
 use vvm_host::services::{RunningServices, ServiceContext, ServiceError, Services};
 use vvm_host::store::{Fence, FencedKv, MemStore, Record, StoreError, Term, TtlStore};
 
@@ -433,21 +432,6 @@ impl RunningServices for Running {
         self.running.fetch_sub(1, Ordering::SeqCst);
         self.journal.push(format!("{} stopped", self.name));
     }
-}
-
-/// A killer on `clock` whose action counts instead of exiting.
-pub fn counting_killer(clock: &TokioClock) -> (Arc<AtomicUsize>, Arc<Killer>) {
-    let fired = Arc::new(AtomicUsize::new(0));
-    let action = {
-        let fired = Arc::clone(&fired);
-        Arc::new(move |_| {
-            fired.fetch_add(1, Ordering::SeqCst);
-        })
-    };
-    (
-        fired,
-        Arc::new(Killer::with_action(Arc::new(clock.clone()), action)),
-    )
 }
 
 /// The environment variable that tells a re-executed test binary to run a child's part.
