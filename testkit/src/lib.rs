@@ -14,7 +14,7 @@
 //! vvm-host types that do not mix. So nothing here names a vvm-host type: the `vvm-host`
 //! binary is driven as a process (its path is the caller's `env!("CARGO_BIN_EXE_vvm-host")`),
 //! logs are read as text. Test doubles of vvm-host's traits live with the tests that use them
-//! (`host/tests/common/`).
+//! (`host/tests/lifecycle/common/`).
 
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
