@@ -4,12 +4,10 @@
 
 #![allow(clippy::unwrap_used)]
 
-#[path = "../tests/support/guests.rs"]
-mod guests;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use testkit::guests;
 use tokio_util::sync::CancellationToken;
 use vvm_host::clock::{Clock, ManualClock, SystemClock};
 use vvm_host::elections::LeaseDeadline;

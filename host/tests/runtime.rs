@@ -3,15 +3,11 @@
 
 #![allow(clippy::unwrap_used)]
 
-#[path = "support/guests.rs"]
-mod guests;
-#[path = "support/logs.rs"]
-mod logs;
-
 use std::sync::Arc;
 use std::time::Duration;
 
 use tempfile::TempDir;
+use testkit::{guests, logs};
 use tokio_util::sync::CancellationToken;
 use vvm_host::clock::{Clock, ManualClock, SystemClock};
 use vvm_host::elections::LeaseDeadline;

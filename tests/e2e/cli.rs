@@ -6,8 +6,10 @@ use std::process::Command;
 
 use rustix::process::Signal;
 
-use crate::support::{BIN, Host};
-use crate::{cluster_dir, guests, serve};
+use testkit::guests;
+use testkit::host::{Host, cluster_dir};
+
+use crate::{BIN, serve};
 
 fn run(dir: &Path, args: &[&str]) -> (bool, String) {
     let out = Command::new(BIN)
@@ -86,6 +88,7 @@ fn a_second_signal_during_shutdown_exits_at_once() {
     .unwrap();
     // A spinning guest holds the shutdown in its 60 s grace period.
     let mut host = Host::start(
+        BIN,
         "a",
         dir.path(),
         &["serve", "--grace-period", "60s", "--cache-dir", "cache"],

@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use crate::support::BIN;
+use crate::BIN;
 
 const UNIT: &str = include_str!("../../contrib/vvm-host.service");
 

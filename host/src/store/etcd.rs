@@ -21,8 +21,6 @@
 
 mod options;
 #[cfg(test)]
-mod test_server;
-#[cfg(test)]
 mod tests;
 
 use std::collections::HashMap;

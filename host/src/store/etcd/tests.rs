@@ -4,7 +4,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::test_server::{EtcdServer, ServerTls, free_ports};
+use testkit::etcd::{EtcdServer, ServerTls, free_ports};
+
 use super::*;
 use crate::clock::ManualClock;
 use crate::store::conformance::{self, Backend};

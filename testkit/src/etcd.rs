@@ -1,10 +1,5 @@
 //! Throw-away etcd for tests and benchmarks: a real `etcd` child process, or a 3-member
 //! cluster of them.
-//!
-//! Self-contained (std + tempfile) so benches and the end-to-end test crate can include it
-//! with `#[path = ".../test_server.rs"] mod test_server;`.
-
-#![allow(dead_code)]
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
@@ -157,7 +152,7 @@ impl EtcdServer {
     }
 
     /// The etcd log, for failure messages.
-    pub fn log(&self) -> String {
+    fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
     }
 

@@ -1,12 +1,13 @@
-//! Spawning real `vvm-host` processes and reading their log lines.
+//! Real `vvm-host` processes and their log lines.
+//!
+//! `bin` is always the caller's `env!("CARGO_BIN_EXE_vvm-host")`: cargo builds the binary for
+//! the test or bench target that asks for it, in that target's profile.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
-
-pub const BIN: &str = env!("CARGO_BIN_EXE_vvm-host");
 
 /// How long any single wait may take before the test fails; generous, never hit when green.
 pub const PATIENCE: Duration = Duration::from_secs(60);
@@ -32,14 +33,15 @@ pub struct Host {
 }
 
 impl Host {
-    /// Starts `vvm-host <args>` in `dir` with JSON logs filtered by `rust_log` (`RUST_LOG`).
-    pub fn start(name: &'static str, dir: &Path, args: &[&str], rust_log: &str) -> Host {
-        Self::start_in(None, name, dir, args, rust_log)
+    /// Starts `bin <args>` in `dir` with JSON logs filtered by `rust_log` (`RUST_LOG`).
+    pub fn start(bin: &str, name: &'static str, dir: &Path, args: &[&str], rust_log: &str) -> Host {
+        Self::start_in(bin, None, name, dir, args, rust_log)
     }
 
     /// Like [`Host::start`], inside the network namespace `netns` if one is given (through
     /// `ip netns exec`, which execs: the pid is vvm-host's).
     pub fn start_in(
+        bin: &str,
         netns: Option<&str>,
         name: &'static str,
         dir: &Path,
@@ -49,10 +51,10 @@ impl Host {
         let mut command = match netns {
             Some(ns) => {
                 let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns, BIN]);
+                c.args(["netns", "exec", ns, bin]);
                 c
             }
-            None => Command::new(BIN),
+            None => Command::new(bin),
         };
         let mut child = command
             .args(args)
@@ -164,6 +166,38 @@ impl Host {
             std::thread::sleep(Duration::from_millis(5));
         }
     }
+}
+
+/// A directory with `services/rust-ticker.wasm`, shared by the hosts of a test.
+pub fn cluster_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let services = dir.path().join("services");
+    std::fs::create_dir(&services).expect("services dir");
+    std::fs::copy(
+        crate::guests::guest("rust-ticker"),
+        services.join("rust-ticker.wasm"),
+    )
+    .expect("copy the ticker");
+    dir
+}
+
+/// `bin serve` in `dir` on `store` with the given lease, a grace period of 2 s and its own
+/// compile cache (`cache-<name>` in `dir`: warm when a later host reuses the name). Renewals
+/// are logged (`renewed`, at debug level), so a test can tell when a lease was last written.
+pub fn serve(bin: &str, name: &'static str, dir: &Path, store: &str, lease: &str) -> Host {
+    let cache = format!("cache-{name}");
+    let args = [
+        "serve",
+        "--store",
+        store,
+        "--lease",
+        lease,
+        "--cache-dir",
+        &cache,
+        "--grace-period",
+        "2s",
+    ];
+    Host::start(bin, name, dir, &args, "info,vvm_host::elections=debug")
 }
 
 impl Drop for Host {
