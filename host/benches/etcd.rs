@@ -4,6 +4,9 @@
 //! operation: acquire (`insert_if_absent`), renew (`compare_and_swap`), release
 //! (`compare_and_delete`) and `get`.
 
+// Percentile ranks of non-negative sample counts.
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+
 use std::time::{Duration, Instant};
 
 use vvm_host::store::{EtcdOptions, EtcdStore, TtlStore};

@@ -43,7 +43,7 @@ async fn context() -> ServiceContext {
         },
         deadline: {
             let clock = Arc::new(SystemClock::local());
-            let at = clock.now().after(Duration::from_secs(3600));
+            let at = clock.now().after(Duration::from_hours(1));
             LeaseDeadline::fixed(clock, at)
         },
         stopping: CancellationToken::new(),

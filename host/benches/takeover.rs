@@ -27,7 +27,7 @@ const OPS: usize = 300;
 /// How long a new standby may settle into waiting before the leader is stopped.
 const SETTLE: Duration = Duration::from_millis(150);
 /// Lease of the SIGKILL runs on redb (redb leases need not be whole seconds).
-const KILL_LEASE: Duration = Duration::from_millis(1000);
+const KILL_LEASE: Duration = Duration::from_secs(1);
 
 /// The steps of a graceful takeover, each found by (host, message, target) in the logs.
 const STEPS: [(Role, &str, &str); 7] = [

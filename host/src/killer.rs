@@ -316,10 +316,10 @@ mod tests {
     fn fires_when_boot_time_jumps_past_the_deadline_while_monotonic_time_does_not() {
         let clock = ManualClock::default();
         let (fired, killer) = Killer::counting(Arc::new(clock.clone()));
-        killer.arm(clock.now().after(Duration::from_secs(3600)));
+        killer.arm(clock.now().after(Duration::from_hours(1)));
         std::thread::sleep(RECHECK * 3);
         assert_eq!(fired.load(Ordering::SeqCst), 0, "an hour is left");
-        clock.advance(Duration::from_secs(7200));
+        clock.advance(Duration::from_hours(2));
         assert!(wait_until(|| fired.load(Ordering::SeqCst) == 1));
     }
 

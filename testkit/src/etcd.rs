@@ -2,6 +2,7 @@
 //! cluster of them.
 
 use std::ffi::OsString;
+use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -68,7 +69,7 @@ impl EtcdServer {
         let scheme = if tls.is_some() { "https" } else { "http" };
         let mut client = format!("{scheme}://127.0.0.1:{client_port}");
         if tls.is_some() {
-            client.push_str(&format!(",http://127.0.0.1:{health_port}"));
+            let _ = write!(client, ",http://127.0.0.1:{health_port}");
         }
         let peer = format!("http://127.0.0.1:{peer_port}");
         let initial_cluster = format!("--initial-cluster=test={peer}");
@@ -225,7 +226,7 @@ impl EtcdCluster {
             std::fs::create_dir_all(&member_dir).expect("member dir");
             let mut client = format!("http://127.0.0.1:{}", client_ports[i]);
             for address in extra_addresses {
-                client.push_str(&format!(",http://{address}:{}", client_ports[i]));
+                let _ = write!(client, ",http://{address}:{}", client_ports[i]);
             }
             let peer = format!("http://127.0.0.1:{}", peer_ports[i]);
             let args: Vec<OsString> = [

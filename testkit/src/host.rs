@@ -10,12 +10,14 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// How long any single wait may take before the test fails; generous, never hit when green.
-pub const PATIENCE: Duration = Duration::from_secs(60);
+pub const PATIENCE: Duration = Duration::from_mins(1);
 
 /// One stderr line of a host, with when it was read.
 #[derive(Clone, Debug)]
 pub struct Line {
+    /// When the line was read from the host's stderr.
     pub at: Instant,
+    /// The line, without its newline.
     pub text: String,
 }
 
@@ -27,6 +29,7 @@ struct Log {
 
 /// A running `vvm-host` child process.
 pub struct Host {
+    /// The host's name in failure messages.
     pub name: &'static str,
     child: Child,
     log: Arc<(Mutex<Log>, Condvar)>,
@@ -92,6 +95,7 @@ impl Host {
         Host { name, child, log }
     }
 
+    /// The process id.
     pub fn pid(&self) -> i32 {
         i32::try_from(self.child.id()).unwrap()
     }
@@ -137,6 +141,7 @@ impl Host {
         self.log.0.lock().unwrap().lines.len()
     }
 
+    /// Sends `signal` to the process.
     pub fn signal(&self, signal: rustix::process::Signal) {
         let pid = rustix::process::Pid::from_raw(self.pid()).unwrap();
         rustix::process::kill_process(pid, signal).unwrap();

@@ -2,7 +2,7 @@
 //! events carry the service name in the `service` field): every event of the test process
 //! ([`init`], then [`of`], [`count`], [`count_with`]), or those of one closure ([`capture`]).
 
-use std::fmt::Debug;
+use std::fmt::{Debug, Write as _};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use tracing::field::{Field, Visit};
@@ -47,8 +47,10 @@ impl Visit for Fields {
         match field.name() {
             "service" => self.service = Some(value.to_owned()),
             "stream" => self.stream = Some(value.to_owned()),
-            "message" => self.message = value.to_owned(),
-            other => self.rest.push_str(&format!(" {other}={value}")),
+            "message" => value.clone_into(&mut self.message),
+            other => {
+                let _ = write!(self.rest, " {other}={value}");
+            }
         }
     }
 
@@ -56,7 +58,9 @@ impl Visit for Fields {
         match field.name() {
             "service" => self.service = Some(format!("{value:?}")),
             "message" => self.message = format!("{value:?}"),
-            other => self.rest.push_str(&format!(" {other}={value:?}")),
+            other => {
+                let _ = write!(self.rest, " {other}={value:?}");
+            }
         }
     }
 }

@@ -143,11 +143,12 @@ fn stopped_status_runs_and_a_stopped_standby_never_cost_the_leader_its_lease() {
     let standby = serve("standby", dir.path(), "1s");
     standby.wait_for(&["campaigning"]);
     // A small xorshift generator: random moments, reproducible from the printed seed.
-    let mut seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos() as u64
-        | 1;
+    let mut seed = u64::from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos(),
+    ) | 1;
     println!("stop trials: seed {seed}");
     let mut below = |n: u64| {
         seed ^= seed << 13;

@@ -3,6 +3,8 @@
 // Test code throughout (helpers too, which clippy's allow-unwrap-in-tests does not cover):
 // a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
+// Percentile ranks and millisecond figures of non-negative samples.
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 
 mod cli;
 mod etcd;

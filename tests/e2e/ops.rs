@@ -61,11 +61,11 @@ fn metrics(base: &str) -> HashMap<String, f64> {
         .samples
         .into_iter()
         .filter_map(|s| {
-            let value = match s.value {
-                prometheus_parse::Value::Counter(v)
-                | prometheus_parse::Value::Gauge(v)
-                | prometheus_parse::Value::Untyped(v) => v,
-                _ => return None,
+            let (prometheus_parse::Value::Counter(value)
+            | prometheus_parse::Value::Gauge(value)
+            | prometheus_parse::Value::Untyped(value)) = s.value
+            else {
+                return None;
             };
             let mut labels: Vec<_> = s.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
             labels.sort();

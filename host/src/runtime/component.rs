@@ -2,7 +2,7 @@
 //! is compiled (or loaded from the on-disk cache) before campaigning, checked against the two
 //! supported worlds, and pre-instantiated once.
 
-use std::fmt;
+use std::fmt::{self, Write as _};
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 
@@ -203,8 +203,10 @@ impl Compiler<'_> {
             .0
             .finalize()
             .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
+            .fold(String::new(), |mut hex, b| {
+                let _ = write!(hex, "{b:02x}");
+                hex
+            })
     }
 }
 

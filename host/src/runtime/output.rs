@@ -183,7 +183,7 @@ mod tests {
         let (_clock, env) = env().await;
         let lines = capture(|| {
             LogOutput::new(env, Stdio::Stderr)
-                .write(&[b'x'; MAX_LINE + 10])
+                .write(&vec![b'x'; MAX_LINE + 10])
                 .unwrap();
         });
         let lengths: Vec<usize> = lines.iter().map(String::len).collect();
@@ -196,7 +196,7 @@ mod tests {
         let lines = capture(|| {
             let out = LogOutput::new(env, Stdio::Stdout);
             out.write(b"before\npartial").unwrap();
-            clock.advance(Duration::from_secs(60));
+            clock.advance(Duration::from_mins(1));
             let mut stream = out.p2_stream();
             let e = stream.write(Bytes::from_static(b" after\n")).unwrap_err();
             assert!(matches!(e, StreamError::Trap(_)));

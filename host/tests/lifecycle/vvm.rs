@@ -31,7 +31,7 @@ fn config(holder: &str, slots: u32) -> VvmConfig {
     VvmConfig {
         cluster_size: slots,
         lease: L,
-        acquisition_timeout: Duration::from_secs(120),
+        acquisition_timeout: Duration::from_mins(2),
         holder: holder.to_owned(),
     }
 }
@@ -103,8 +103,8 @@ fn succeeded(op: Op) -> Event {
 }
 
 /// Asserts that every `before` of `who` came before the first `after` of `who`.
-fn assert_order(journal: &Journal, who: &str, before: Event, after: Event) {
-    let (b, a) = (journal.last(who, &before), journal.first(who, &after));
+fn assert_order(journal: &Journal, who: &str, before: &Event, after: &Event) {
+    let (b, a) = (journal.last(who, before), journal.first(who, after));
     assert!(
         b.is_some() && a.is_some() && b < a,
         "expected every {who} {before:?} before {after:?}:\n{}",
@@ -165,8 +165,8 @@ async fn services_start_only_once_the_slot_is_held_and_stop_before_the_record_is
     leading(&h).await;
     settle().await;
     shut(h.vvm).await;
-    assert_order(&journal, "a", succeeded(Op::Insert), Event::StartBegin);
-    assert_order(&journal, "a", Event::Stopped, succeeded(Op::Delete));
+    assert_order(&journal, "a", &succeeded(Op::Insert), &Event::StartBegin);
+    assert_order(&journal, "a", &Event::Stopped, &succeeded(Op::Delete));
     assert_eq!(h.killer.deadline(), None);
 }
 
@@ -362,10 +362,10 @@ async fn shutdown_during_a_slow_service_start_cuts_it_short_and_ends_in_order() 
     assert_order(
         &journal,
         "a",
-        Event::StartCutShort,
-        Event::StopBegin { stopping: true },
+        &Event::StartCutShort,
+        &Event::StopBegin { stopping: true },
     );
-    assert_order(&journal, "a", Event::Stopped, succeeded(Op::Delete));
+    assert_order(&journal, "a", &Event::Stopped, &succeeded(Op::Delete));
     assert_eq!(h.services.running(), 0);
     assert_eq!(h.killer.deadline(), None);
 }
@@ -385,7 +385,7 @@ async fn shutdown_during_a_slow_service_stop_waits_for_it_and_ends_in_order() {
     let killer = Arc::clone(&h.killer);
     assert_eq!(shut(h.vvm).await, None);
     assert_eq!(Instant::now() - t, Duration::from_secs(4));
-    assert_order(&journal, "a", Event::Stopped, succeeded(Op::Delete));
+    assert_order(&journal, "a", &Event::Stopped, &succeeded(Op::Delete));
     assert_eq!(killer.deadline(), None);
 }
 
@@ -409,7 +409,7 @@ async fn after_a_leadership_loss_the_record_stays_until_the_services_have_stoppe
         "kept until stopped"
     );
     assert_eq!(shut(h.vvm).await, Some(Problem::LeadershipLost));
-    assert_order(&journal, "a", Event::Stopped, succeeded(Op::Delete));
+    assert_order(&journal, "a", &Event::Stopped, &succeeded(Op::Delete));
     assert_eq!(record(&mem, 1).await, None);
 }
 
@@ -433,7 +433,7 @@ async fn shutdown_during_renewal_retries_ends_cleanly_without_a_problem() {
         cas,
         "no retry after shutdown"
     );
-    assert_order(&journal, "a", Event::Stopped, succeeded(Op::Delete));
+    assert_order(&journal, "a", &Event::Stopped, &succeeded(Op::Delete));
     assert_eq!(record(&mem, 1).await, None);
     assert_eq!(h.killer.deadline(), None);
 }

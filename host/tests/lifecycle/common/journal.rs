@@ -1,5 +1,6 @@
 //! One journal per test that orders what the doubles did, as typed events.
 
+use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 
 use tokio::time::Instant;
@@ -76,12 +77,10 @@ impl Journal {
     pub fn dump(&self) -> String {
         let entries = self.0.lock().unwrap();
         let t0 = entries.first().map(|e| e.at);
-        entries
-            .iter()
-            .map(|e| {
-                let since = t0.map(|t0| e.at - t0).unwrap_or_default();
-                format!("{since:>10.3?} {} {:?}\n", e.who, e.event)
-            })
-            .collect()
+        entries.iter().fold(String::new(), |mut out, e| {
+            let since = t0.map(|t0| e.at - t0).unwrap_or_default();
+            let _ = writeln!(out, "{since:>10.3?} {} {:?}", e.who, e.event);
+            out
+        })
     }
 }

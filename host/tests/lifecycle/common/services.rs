@@ -31,7 +31,7 @@ pub struct RecordingServices {
     name: String,
     behaviour: Behaviour,
     journal: Journal,
-    running: Arc<AtomicUsize>,
+    live: Arc<AtomicUsize>,
     /// The contexts of every start, to look at the lease and `stopping`.
     contexts: Mutex<Vec<ServiceContext>>,
 }
@@ -42,14 +42,14 @@ impl RecordingServices {
             name: name.to_owned(),
             behaviour,
             journal: journal.clone(),
-            running: Arc::default(),
+            live: Arc::default(),
             contexts: Mutex::default(),
         })
     }
 
     /// How many started sets have not finished stopping.
     pub fn running(&self) -> usize {
-        self.running.load(Ordering::SeqCst)
+        self.live.load(Ordering::SeqCst)
     }
 
     pub fn last_context(&self) -> Option<ServiceContext> {
@@ -77,13 +77,13 @@ impl Services for RecordingServices {
                 self.journal.push(&self.name, Event::StartCutShort);
             }
         }
-        self.running.fetch_add(1, Ordering::SeqCst);
+        self.live.fetch_add(1, Ordering::SeqCst);
         assert!(!self.behaviour.panic_start, "{} start panics", self.name);
         Ok(Box::new(Running {
             name: self.name.clone(),
             behaviour: self.behaviour.clone(),
             journal: self.journal.clone(),
-            running: Arc::clone(&self.running),
+            live: Arc::clone(&self.live),
             stopping_was_signalled: ctx.stopping,
         }))
     }
@@ -93,7 +93,7 @@ struct Running {
     name: String,
     behaviour: Behaviour,
     journal: Journal,
-    running: Arc<AtomicUsize>,
+    live: Arc<AtomicUsize>,
     stopping_was_signalled: tokio_util::sync::CancellationToken,
 }
 
@@ -107,7 +107,7 @@ impl RunningServices for Running {
             std::future::pending::<()>().await;
         }
         sleep(self.behaviour.slow_stop).await;
-        self.running.fetch_sub(1, Ordering::SeqCst);
+        self.live.fetch_sub(1, Ordering::SeqCst);
         self.journal.push(&self.name, Event::Stopped);
     }
 }
