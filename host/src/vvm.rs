@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::{Clock, SystemClock};
 use crate::elections::{ElectionError, Elections, Leadership, RETRY_DIVISOR};
+use crate::holder_lock::{DeadHolders, HolderLockDir};
 use crate::killer::Killer;
 use crate::services::{LeaseInfo, ServiceContext, ServiceError, Services};
 use crate::store::{Store, StoreError, Term};
@@ -159,6 +160,7 @@ pub struct Vvm {
     services: Arc<dyn Services>,
     killer: Arc<Killer>,
     clock: Arc<dyn Clock>,
+    holder_locks: Option<Arc<HolderLockDir>>,
 }
 
 impl Vvm {
@@ -172,7 +174,18 @@ impl Vvm {
             services,
             killer: Arc::new(Killer::new(Arc::clone(&clock))),
             clock,
+            holder_locks: None,
         }
+    }
+
+    /// Takes this VVM's holder lock in `dir` before it campaigns, and keeps it until its
+    /// shutdown sequence has ended; while campaigning, waits on the locks of the holders it
+    /// finds there, and deletes a holder's record as soon as its lock is free (the crash lock,
+    /// see [`crate::holder_lock`]). `None`: wait out the lease of every holder.
+    #[must_use]
+    pub fn with_holder_locks(mut self, dir: Option<Arc<HolderLockDir>>) -> Self {
+        self.holder_locks = dir;
+        self
     }
 
     /// Replaces the clock of the lease deadlines and the killer (tests follow tokio's paused
@@ -198,6 +211,16 @@ impl Vvm {
             Arc::clone(&self.clock),
         );
         let killer = Arc::clone(&self.killer);
+        // Before any record can carry our holder value: a standby that finds the value in a
+        // record also finds our lock held. Without it standbys wait out our lease.
+        let holder_lock = self.holder_locks.as_ref().and_then(|dir| {
+            dir.lock(&self.config.holder)
+                .inspect_err(|e| {
+                    tracing::warn!(dir = %dir.path().display(), error = %e,
+                        "no holder lock: after a crash standbys wait out the lease");
+                })
+                .ok()
+        });
         let run = tokio::spawn(
             Launcher {
                 vvm: self,
@@ -213,7 +236,13 @@ impl Vvm {
         let launcher = tokio::spawn({
             let problems = problems.clone();
             async move {
-                let Err(e) = run.await else { return };
+                let Err(e) = run.await else {
+                    // The shutdown sequence has ended: no guest of ours can act any more.
+                    if let Some(lock) = holder_lock {
+                        lock.release();
+                    }
+                    return;
+                };
                 let message = match e.try_into_panic() {
                     Ok(panic) => panic
                         .downcast_ref::<&str>()
@@ -228,6 +257,9 @@ impl Vvm {
                 // release passes the guests' deadline before it deletes the record.
                 elections.cleanup().await;
                 killer.disarm();
+                if let Some(lock) = holder_lock {
+                    lock.release();
+                }
                 state_tx.send_replace(VvmState::ShutDown);
             }
         });
@@ -380,6 +412,7 @@ impl Launcher {
             holder = config.holder,
             "campaigning"
         );
+        let mut dead = DeadHolders::new(self.vvm.holder_locks.clone());
         loop {
             let mut wait = give_up_at.saturating_duration_since(Instant::now());
             // Listen for releases *before* looking at the slots: a release between our look
@@ -429,6 +462,7 @@ impl Launcher {
                     Ok(Some(record)) => {
                         seen_live = true;
                         wait = wait.min(record.time_left);
+                        dead.watch(&key, &record.value);
                     }
                     Ok(None) => wait = Duration::ZERO,
                     Err(e) => {
@@ -453,6 +487,19 @@ impl Launcher {
                 () = self.shutdown.cancelled() => return Ok(None),
                 () = &mut released, if !released_already => {}
                 () = tokio::time::sleep(wait) => {}
+                (key, holder) = dead.next() => {
+                    // Its process is gone: by the exact value only (fencing, SPEC §4), so a
+                    // record rewritten since by anyone else stays.
+                    let delete = store.compare_and_delete(&key, &holder);
+                    match within_quarter_lease(config.lease, "compare_and_delete", &key, delete).await {
+                        Ok(deleted) => {
+                            tracing::info!(key, holder, deleted, "deleting the record of a holder that is gone");
+                            dead.forget(&holder);
+                        }
+                        Err(e) => tracing::warn!(key, holder, error = %e,
+                            "deleting the record of a holder that is gone failed; waiting out its lease"),
+                    }
+                }
             }
         }
     }

@@ -8,6 +8,7 @@ use anyhow::Context;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use super::{EXIT_INTERRUPTED, ServeArgs, Settings};
+use crate::holder_lock::HolderLockDir;
 use crate::runtime::WasmServices;
 use crate::services::Services;
 use crate::vvm::{Problem, Vvm, VvmConfig, holder_value};
@@ -42,6 +43,7 @@ pub(super) async fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     let mut signals = Signals::new().context("installing signal handlers")?;
     let store = settings.open_store(false).await?;
     let services = load_services(&settings).await?;
+    let holder_locks = holder_locks(&settings.store);
     tracing::info!(
         store = settings.store,
         services = %settings.services.display(),
@@ -59,7 +61,9 @@ pub(super) async fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
             // record can never remove this one's.
             holder: holder_value(),
         };
-        let vvm = Vvm::provide(config, Arc::clone(&store), Arc::clone(&services)).launch();
+        let vvm = Vvm::provide(config, Arc::clone(&store), Arc::clone(&services))
+            .with_holder_locks(holder_locks.clone())
+            .launch();
         let launched = tokio::time::Instant::now();
         let (stop_for_good, problem) = tokio::select! {
             signal = signals.next() => {
@@ -142,6 +146,19 @@ impl LocalBackoff {
         self.in_a_row = self.in_a_row.saturating_add(1);
         Some(pause)
     }
+}
+
+/// The crash lock's directory beside a redb store (`<store>.holders`), so that a standby on
+/// this machine takes over from a killed leader at once. None for etcd, or when the directory
+/// cannot be used (standbys then wait out a dead leader's lease).
+fn holder_locks(store: &str) -> Option<Arc<HolderLockDir>> {
+    if store.starts_with("etcd://") {
+        return None;
+    }
+    HolderLockDir::open(HolderLockDir::beside(std::path::Path::new(store)))
+        .inspect_err(|e| tracing::warn!(error = %e, "no crash lock: after a crash standbys wait out the lease"))
+        .ok()
+        .map(Arc::new)
 }
 
 /// Compiles (or loads from cache) every service before campaigning; bad files are reported
