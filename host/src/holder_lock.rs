@@ -22,7 +22,7 @@
 //! Locks only mean this on a local filesystem (over NFS a partitioned client loses its locks
 //! while it runs), so any other filesystem turns the crash lock off.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -236,6 +236,8 @@ impl Drop for HolderLock {
 pub struct DeadHolders {
     dir: Option<std::sync::Arc<HolderLockDir>>,
     watched: HashMap<String, Watch>,
+    /// Holders whose lock was found free, until [`DeadHolders::forget`].
+    gone: HashSet<String>,
     tx: mpsc::UnboundedSender<(String, String)>,
     rx: mpsc::UnboundedReceiver<(String, String)>,
 }
@@ -247,6 +249,7 @@ impl DeadHolders {
         Self {
             dir,
             watched: HashMap::new(),
+            gone: HashSet::new(),
             tx,
             rx,
         }
@@ -269,18 +272,25 @@ impl DeadHolders {
         }
     }
 
-    /// The next `(key, holder)` whose holder is gone: its lock was free. Pending for ever if
-    /// nothing is watched.
-    pub async fn next(&mut self) -> (String, String) {
-        match self.rx.recv().await {
-            Some(gone) => gone,
-            // `self.tx` is alive as long as `self`.
-            None => std::future::pending().await,
+    /// Returns when a watched holder is found gone (its lock was free): from then on
+    /// [`DeadHolders::is_gone`] says so. Pending for ever if nothing is watched.
+    pub async fn next(&mut self) {
+        // `self.tx` is alive as long as `self`: `None` never comes.
+        if let Some((key, holder)) = self.rx.recv().await {
+            tracing::debug!(key, holder, "holder gone");
+            self.gone.insert(holder);
         }
+    }
+
+    /// True once `holder`'s lock was found free: its process is gone, or its VVM has ended
+    /// its shutdown sequence. No guest of it can act any more.
+    pub fn is_gone(&self, holder: &str) -> bool {
+        self.gone.contains(holder)
     }
 
     /// Stops waiting on `holder` and removes its lock file (call after its record is deleted).
     pub fn forget(&mut self, holder: &str) {
+        self.gone.remove(holder);
         self.watched.remove(holder);
         if let Some(dir) = &self.dir {
             // The holder is gone; whoever removes the file first wins, the rest find none.
@@ -352,8 +362,14 @@ impl Drop for Watch {
         if rustix::io::write(&self.stop, &1_u64.to_ne_bytes()).is_ok()
             && let Some(thread) = self.thread.take()
         {
-            // The thread only polls and tries the lock: it ends at once.
-            let _ = thread.join();
+            // The thread only polls and tries the lock: it ends at once once it runs. But on a
+            // busy machine it may wait several milliseconds for a CPU, and a campaign that has
+            // just won must not wait for that to start its services: join on the blocking
+            // pool (the runtime waits for it when it shuts down).
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn_blocking(move || thread.join())),
+                Err(_) => drop(thread.join()),
+            }
         }
     }
 }
@@ -426,7 +442,7 @@ mod tests {
 
     async fn nothing_within(dead: &mut DeadHolders, wait: Duration) {
         let got = tokio::time::timeout(wait, dead.next()).await;
-        assert!(got.is_err(), "reported {got:?} while its holder lives");
+        assert!(got.is_err(), "reported gone while its holder lives");
     }
 
     #[tokio::test]
@@ -441,11 +457,13 @@ mod tests {
         dir.sweep();
         nothing_within(&mut dead, Duration::from_millis(300)).await;
         lock.close_as_if_killed();
-        let gone = tokio::time::timeout(Duration::from_secs(10), dead.next())
+        assert!(!dead.is_gone("host/1/abc/0"));
+        tokio::time::timeout(Duration::from_secs(10), dead.next())
             .await
             .expect("reported gone");
-        assert_eq!(gone, ("slot/1".to_owned(), "host/1/abc/0".to_owned()));
+        assert!(dead.is_gone("host/1/abc/0"));
         dead.forget("host/1/abc/0");
+        assert!(!dead.is_gone("host/1/abc/0"));
         assert!(!dir.file("host/1/abc/0").exists());
     }
 

@@ -459,6 +459,30 @@ impl Launcher {
                         }
                         wait = Duration::ZERO;
                     }
+                    Ok(Some(record)) if dead.is_gone(&record.value) => {
+                        // By the exact value only (fencing, SPEC §4): a record rewritten since by
+                        // anyone else stays.
+                        let delete = store.compare_and_delete(&key, &record.value);
+                        match within_quarter_lease(config.lease, "compare_and_delete", &key, delete)
+                            .await
+                        {
+                            Ok(deleted) => {
+                                tracing::info!(
+                                    key,
+                                    holder = record.value,
+                                    deleted,
+                                    "deleting the record of a holder that is gone"
+                                );
+                                dead.forget(&record.value);
+                                wait = Duration::ZERO;
+                            }
+                            Err(e) => {
+                                tracing::warn!(key, holder = record.value, error = %e,
+                                    "deleting the record of a holder that is gone failed");
+                                wait = wait.min(config.lease / RETRY_DIVISOR);
+                            }
+                        }
+                    }
                     Ok(Some(record)) => {
                         seen_live = true;
                         wait = wait.min(record.time_left);
@@ -487,19 +511,9 @@ impl Launcher {
                 () = self.shutdown.cancelled() => return Ok(None),
                 () = &mut released, if !released_already => {}
                 () = tokio::time::sleep(wait) => {}
-                (key, holder) = dead.next() => {
-                    // Its process is gone: by the exact value only (fencing, SPEC §4), so a
-                    // record rewritten since by anyone else stays.
-                    let delete = store.compare_and_delete(&key, &holder);
-                    match within_quarter_lease(config.lease, "compare_and_delete", &key, delete).await {
-                        Ok(deleted) => {
-                            tracing::info!(key, holder, deleted, "deleting the record of a holder that is gone");
-                            dead.forget(&holder);
-                        }
-                        Err(e) => tracing::warn!(key, holder, error = %e,
-                            "deleting the record of a holder that is gone failed; waiting out its lease"),
-                    }
-                }
+                // Its process is gone: look again at once (it deleted its record itself if it shut
+                // down in order, and the insert just wins; else the round below deletes it).
+                () = dead.next() => {}
             }
         }
     }
