@@ -32,13 +32,13 @@ use std::time::Duration;
 
 use rustix::event::{EventfdFlags, PollFd, PollFlags, Timespec, eventfd, poll};
 use rustix::fs::inotify::{self, CreateFlags, WatchFlags};
-use rustix::fs::{AtFlags, CWD, FlockOperation, Mode, OFlags};
+use rustix::fs::{AtFlags, CWD, FlockOperation, FsWord, Mode, OFlags};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
 /// Filesystems whose `flock` is the local kernel's (statfs magic numbers): ext2/3/4, xfs,
 /// btrfs, tmpfs, overlayfs, zfs, f2fs, bcachefs.
-const LOCAL_FILESYSTEMS: [i64; 8] = [
+const LOCAL_FILESYSTEMS: [FsWord; 8] = [
     0xEF53,
     0x5846_5342,
     0x9123_683E,
@@ -84,7 +84,7 @@ pub enum HolderLockError {
         /// The directory.
         path: PathBuf,
         /// The statfs magic number found.
-        fs_type: i64,
+        fs_type: FsWord,
     },
 }
 
@@ -116,11 +116,9 @@ impl HolderLockDir {
         std::fs::create_dir_all(&path).map_err(io_error)?;
         let dir = rustix::fs::open(&path, OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
             .map_err(|e| io_error(e.into()))?;
-        let fs_type = i64::from(
-            rustix::fs::fstatfs(&dir)
-                .map_err(|e| io_error(e.into()))?
-                .f_type,
-        );
+        let fs_type = rustix::fs::fstatfs(&dir)
+            .map_err(|e| io_error(e.into()))?
+            .f_type;
         if !LOCAL_FILESYSTEMS.contains(&fs_type) {
             return Err(HolderLockError::NotLocal { path, fs_type });
         }
