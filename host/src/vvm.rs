@@ -413,7 +413,7 @@ impl Launcher {
             "campaigning"
         );
         let mut dead = DeadHolders::new(self.vvm.holder_locks.clone());
-        loop {
+        'round: loop {
             let mut wait = give_up_at.saturating_duration_since(Instant::now());
             // Listen for releases *before* looking at the slots: a release between our look
             // and our sleep would otherwise be missed, and we would sleep until its expiry.
@@ -474,6 +474,11 @@ impl Launcher {
                                     "deleting the record of a holder that is gone"
                                 );
                                 dead.forget(&record.value);
+                                // Progress, not a spin: the slot may be free now.
+                                if deleted {
+                                    continue 'round;
+                                }
+                                // Rewritten meanwhile: look again soon.
                                 wait = Duration::ZERO;
                             }
                             Err(e) => {
