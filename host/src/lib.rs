@@ -8,6 +8,7 @@
 //! - [`elections`]: acquire, renew and release leases; the local lease deadline.
 //! - [`problem`]: the problem signal: a running VVM's first fatal error, reported once.
 //! - [`services`]: what the lifecycle starts once a slot is held (the seam to the runtime).
+//! - [`holder_lock`]: the crash lock: a standby learns from the kernel that a holder is gone.
 //! - [`vvm`]: the lifecycle: provide, launch, leadership monitor, ordered shutdown.
 //! - [`runtime`]: the wasmtime host: components, sandboxes, fencing, supervision.
 //! - [`serve`]: the serve loop: lead, stand by, campaign again after a problem, until stopped.
@@ -19,6 +20,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod elections;
+pub mod holder_lock;
 pub mod killer;
 pub mod ops;
 pub mod problem;

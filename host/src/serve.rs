@@ -11,6 +11,7 @@ use std::time::Duration;
 use anyhow::Context;
 
 use crate::config::Settings;
+use crate::holder_lock::HolderLockDir;
 use crate::problem::Problem;
 use crate::runtime::{RuntimeConfig, WasmServices};
 use crate::services::Services;
@@ -31,6 +32,7 @@ pub async fn serve_until(
     tokio::pin!(shutdown);
     let store = store::open(&settings, false).await?;
     let services = load_services(&settings).await?;
+    let holder_locks = holder_locks(&settings.store);
     tracing::info!(
         store = settings.store,
         services = %settings.services.display(),
@@ -49,7 +51,9 @@ pub async fn serve_until(
             // record can never remove this one's.
             holder: holder_value(),
         };
-        let vvm = Vvm::provide(config, store.shared(), Arc::clone(&services)).launch();
+        let vvm = Vvm::provide(config, store.shared(), Arc::clone(&services))
+            .with_holder_locks(holder_locks.clone())
+            .launch();
         let launched = tokio::time::Instant::now();
         let problem = tokio::select! {
             () = &mut shutdown => {
@@ -129,6 +133,21 @@ impl LocalBackoff {
         self.in_a_row = self.in_a_row.saturating_add(1);
         Some(pause)
     }
+}
+
+/// The crash lock's directory beside a redb store (`<store>.holders`), so that a standby on
+/// this machine takes over from a killed leader at once. None for etcd, or when the directory
+/// cannot be used (standbys then wait out a dead leader's lease).
+fn holder_locks(store: &str) -> Option<Arc<HolderLockDir>> {
+    if store.starts_with("etcd://") {
+        return None;
+    }
+    HolderLockDir::open(HolderLockDir::beside(std::path::Path::new(store)))
+        .inspect_err(|e| {
+            tracing::warn!(error = %e, "no crash lock: after a crash standbys wait out the lease");
+        })
+        .ok()
+        .map(Arc::new)
 }
 
 /// Compiles (or loads from cache) every service before campaigning; bad files are reported
