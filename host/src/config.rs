@@ -73,6 +73,10 @@ pub struct FileConfig {
     /// `"127.0.0.1:9464"`; off when absent.
     #[serde(default, with = "opt_addr")]
     pub metrics_addr: Option<SocketAddr>,
+    /// Directory of the crash locks, shared by the hosts of one machine (see
+    /// [`crate::holder_lock`]). Default: `<store>.holders` beside a redb store; none for etcd,
+    /// where it is worth setting when several hosts share a machine.
+    pub lock_dir: Option<PathBuf>,
     /// etcd client options.
     pub etcd: Option<EtcdFileConfig>,
     /// Per-service grants, keyed by service name (the `.wasm` file stem).
@@ -213,6 +217,13 @@ pub fn default_cache_dir(services: &Path) -> PathBuf {
     services.join(CACHE_DIR_NAME)
 }
 
+/// The default crash lock directory of `store`: `<store>.holders` beside a redb file; none for
+/// etcd, whose hosts may be on other machines (a lock only tells about this machine).
+pub fn default_lock_dir(store: &str) -> Option<PathBuf> {
+    (!store.starts_with("etcd://"))
+        .then(|| crate::holder_lock::HolderLockDir::beside(Path::new(store)))
+}
+
 /// `mib` MiB in bytes (saturating; [`MAX_MEMORY_LIMIT_MIB`] bounds the settings).
 pub fn mib_to_bytes(mib: u64) -> u64 {
     mib.saturating_mul(1 << 20)
@@ -257,6 +268,8 @@ pub struct Settings {
     pub grants: BTreeMap<String, GrantConfig>,
     /// Address of the operations endpoint, if it is on.
     pub metrics_addr: Option<SocketAddr>,
+    /// Directory of the crash locks, if there is one.
+    pub lock_dir: Option<PathBuf>,
 }
 
 impl Settings {
@@ -282,11 +295,16 @@ impl Settings {
             .memory_limit_mib
             .or(file.memory_limit_mib)
             .unwrap_or(DEFAULT_MEMORY_LIMIT_MIB);
+        let store = flags
+            .store
+            .or(file.store)
+            .unwrap_or_else(|| DEFAULT_STORE.into());
         let settings = Self {
-            store: flags
-                .store
-                .or(file.store)
-                .unwrap_or_else(|| DEFAULT_STORE.into()),
+            lock_dir: flags
+                .lock_dir
+                .or(file.lock_dir)
+                .or_else(|| default_lock_dir(&store)),
+            store,
             etcd: EtcdFileConfig {
                 user: etcd_flags.user.or(etcd_file.user),
                 password: etcd_flags.password.or(etcd_file.password),
@@ -410,6 +428,35 @@ mod tests {
         let path = dir.path().join("vvm.toml");
         std::fs::write(&path, text).unwrap();
         FileConfig::load(&path, true)
+    }
+
+    #[test]
+    fn the_crash_lock_directory_is_beside_a_redb_store_and_off_for_etcd_unless_set() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("vvm.toml");
+        std::fs::write(&file, "").unwrap();
+        let resolve = |store: &str, lock_dir: Option<&str>| {
+            let flags = FileConfig {
+                store: Some(store.into()),
+                lock_dir: lock_dir.map(PathBuf::from),
+                ..FileConfig::default()
+            };
+            Settings::resolve(flags, Some(&file)).unwrap().lock_dir
+        };
+        assert_eq!(
+            resolve("/srv/vvm.redb", None),
+            Some(PathBuf::from("/srv/vvm.redb.holders"))
+        );
+        assert_eq!(resolve("etcd://127.0.0.1:2379", None), None);
+        assert_eq!(
+            resolve("etcd://127.0.0.1:2379", Some("/run/vvm")),
+            Some(PathBuf::from("/run/vvm"))
+        );
+        std::fs::write(&file, "lock-dir = \"/run/vvm-file\"\n").unwrap();
+        assert_eq!(
+            resolve("etcd://127.0.0.1:2379", None),
+            Some(PathBuf::from("/run/vvm-file"))
+        );
     }
 
     #[test]

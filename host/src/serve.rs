@@ -32,7 +32,7 @@ pub async fn serve_until(
     tokio::pin!(shutdown);
     let store = store::open(&settings, false).await?;
     let services = load_services(&settings).await?;
-    let holder_locks = holder_locks(&settings.store);
+    let holder_locks = settings.lock_dir.as_deref().and_then(holder_locks);
     tracing::info!(
         store = settings.store,
         services = %settings.services.display(),
@@ -135,14 +135,11 @@ impl LocalBackoff {
     }
 }
 
-/// The crash lock's directory beside a redb store (`<store>.holders`), so that a standby on
-/// this machine takes over from a killed leader at once. None for etcd, or when the directory
-/// cannot be used (standbys then wait out a dead leader's lease).
-fn holder_locks(store: &str) -> Option<Arc<HolderLockDir>> {
-    if store.starts_with("etcd://") {
-        return None;
-    }
-    HolderLockDir::open(HolderLockDir::beside(std::path::Path::new(store)))
+/// The crash lock's directory (`lock-dir`), so that a standby on this machine takes over from
+/// a killed leader at once. None when it cannot be used: standbys then wait out a dead
+/// leader's lease.
+fn holder_locks(dir: &std::path::Path) -> Option<Arc<HolderLockDir>> {
+    HolderLockDir::open(dir)
         .inspect_err(|e| {
             tracing::warn!(error = %e, "no crash lock: after a crash standbys wait out the lease");
         })

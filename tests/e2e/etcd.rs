@@ -139,6 +139,45 @@ fn etcd_standby_takes_over_at_once_after_a_graceful_stop() {
     assert!(a2.wait_exit().success());
 }
 
+/// Hosts on one machine that share a crash lock directory (`--lock-dir`) take over from a
+/// killed leader at once on etcd too: B deletes A's live record (compare-and-delete on its
+/// exact value) as soon as the kernel frees A's lock, long before A's 20 s lease could expire.
+#[test]
+fn etcd_hosts_sharing_a_lock_dir_take_over_from_a_killed_leader_at_once() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let store = store_url(&etcd);
+    let dir = cluster_dir();
+    let start = |name: &'static str| {
+        let cache = format!("cache-{name}");
+        let args = [
+            "serve",
+            "--store",
+            &store,
+            "--lease",
+            "20s",
+            "--cache-dir",
+            &cache,
+            "--lock-dir",
+            "locks",
+        ];
+        Host::start(crate::BIN, name, dir.path(), &args, "info")
+    };
+    let mut a = start("a");
+    a.wait_for(&["tick 1:"]);
+    let b = start("b");
+    b.wait_for(&["waiting on the holder's lock"]);
+    a.signal(Signal::KILL);
+    a.wait_exit();
+    b.wait_for(&[
+        "deleting the record of a holder that is gone",
+        "\"deleted\":true",
+    ]);
+    b.wait_for(&["tick 1:"]);
+    assert_disjoint(&a, &b);
+}
+
 #[test]
 fn etcd_standby_takes_over_after_a_killed_leader_lease_expires_not_before() {
     let Some(etcd) = EtcdServer::start() else {

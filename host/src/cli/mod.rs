@@ -187,6 +187,10 @@ pub struct ServeArgs {
     /// [default: off].
     #[arg(long, env = "VVM_METRICS_ADDR", value_name = "ADDR", value_parser = config::parse_metrics_addr)]
     pub metrics_addr: Option<SocketAddr>,
+    /// Directory of the crash locks, shared by the hosts of one machine: a standby there takes
+    /// over from a killed leader at once [default: <store>.holders for redb; none for etcd].
+    #[arg(long, env = "VVM_LOCK_DIR", value_name = "DIR")]
+    pub lock_dir: Option<PathBuf>,
 }
 
 impl StoreArgs {
@@ -230,6 +234,7 @@ impl ServeArgs {
             memory_limit_mib: self.memory_limit_mib,
             cache_dir: self.cache_dir.clone(),
             metrics_addr: self.metrics_addr,
+            lock_dir: self.lock_dir.clone(),
             ..self.store.layer()
         };
         Settings::resolve(flags, self.store.config.as_deref())
