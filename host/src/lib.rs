@@ -6,6 +6,7 @@
 //! - [`store`]: the TTL store contract and its backends (memory, redb, etcd).
 //! - [`killer`]: the watchdog thread that ends the process if renewal stalls.
 //! - [`elections`]: acquire, renew and release leases; the local lease deadline.
+//! - [`lease_value`]: a lease record's value: the holder and the services running under it.
 //! - [`problem`]: the problem signal: a running VVM's first fatal error, reported once.
 //! - [`services`]: what the lifecycle starts once a slot is held (the seam to the runtime).
 //! - [`vvm`]: the lifecycle: provide, launch, leadership monitor, ordered shutdown.
@@ -20,6 +21,7 @@ pub mod clock;
 pub mod config;
 pub mod elections;
 pub mod killer;
+pub mod lease_value;
 pub mod ops;
 pub mod problem;
 pub mod runtime;

@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::{Clock, SystemClock};
 use crate::elections::{ElectionError, Elections, Leadership, retry_pause};
 use crate::killer::Killer;
+use crate::lease_value;
 use crate::problem::{Problem, ProblemReporter};
 use crate::services::{LeaseInfo, RunningServices, ServiceContext, ServiceError, Services};
 use crate::store::{Store, StoreError, Term};
@@ -50,10 +51,11 @@ pub fn holder_value() -> String {
     static RUN: OnceLock<String> = OnceLock::new();
     static SEQ: AtomicU64 = AtomicU64::new(0);
     let run = RUN.get_or_init(|| {
+        // No control characters: a newline ends the holder in a record's value (`lease_value`).
         let host = rustix::system::uname()
             .nodename()
             .to_string_lossy()
-            .into_owned();
+            .replace(char::is_control, "_");
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
@@ -286,6 +288,7 @@ impl Launcher {
             stopping,
             problems: self.problems.clone(),
             store: Arc::clone(store),
+            running: leadership.running_report(),
         };
         let services = match services.start(ctx).await {
             Ok(started) => Some(started),
@@ -377,12 +380,12 @@ impl Launcher {
                     // Our own record: an earlier insert of this campaign failed (a timeout, an
                     // error) yet was applied. Holder values are unique per campaign, so it is
                     // certainly ours: delete it and try again at once, rather than wait out L.
-                    Ok(Some(record)) if record.value == config.holder => {
+                    Ok(Some(record)) if lease_value::holder(&record.value) == config.holder => {
                         tracing::info!(
                             slot,
                             "found our own record of an insert that failed; retaking it"
                         );
-                        if let Err(e) = store.compare_and_delete(&key, &config.holder).await {
+                        if let Err(e) = store.compare_and_delete(&key, &record.value).await {
                             tracing::warn!(slot, error = %e, "deleting our own record failed");
                         }
                         wait = Duration::ZERO;

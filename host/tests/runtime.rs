@@ -69,6 +69,7 @@ async fn lease(deadline: LeaseDeadline) -> Lease {
         stopping: CancellationToken::new(),
         problems: ProblemReporter::default(),
         store: Arc::new(store.clone()),
+        running: vvm_host::lease_value::RunningReport::detached(),
     };
     Lease { store, ctx }
 }
