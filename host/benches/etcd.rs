@@ -4,18 +4,18 @@
 //! operation: acquire (`insert_if_absent`), renew (`compare_and_swap`), release
 //! (`compare_and_delete`) and `get`.
 
+// Percentile ranks of non-negative sample counts.
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+
 use std::time::{Duration, Instant};
 
 use vvm_host::store::{EtcdOptions, EtcdStore, TtlStore};
-
-#[path = "../src/store/etcd/test_server.rs"]
-mod test_server;
 
 const ROUNDS: usize = 500;
 const TTL: Duration = Duration::from_secs(10);
 
 fn main() {
-    let Some(server) = test_server::EtcdServer::start() else {
+    let Some(server) = testkit::etcd::EtcdServer::start() else {
         return;
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -25,7 +25,7 @@ fn main() {
     runtime.block_on(run(&server));
 }
 
-async fn run(server: &test_server::EtcdServer) {
+async fn run(server: &testkit::etcd::EtcdServer) {
     let store = EtcdStore::connect(EtcdOptions {
         endpoints: vec![server.endpoint()],
         ..EtcdOptions::default()

@@ -4,12 +4,10 @@
 
 #![allow(clippy::unwrap_used)]
 
-#[path = "../tests/support/guests.rs"]
-mod guests;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use testkit::guests;
 use tokio_util::sync::CancellationToken;
 use vvm_host::clock::{Clock, ManualClock, SystemClock};
 use vvm_host::elections::LeaseDeadline;
@@ -45,7 +43,7 @@ async fn context() -> ServiceContext {
         },
         deadline: {
             let clock = Arc::new(SystemClock::local());
-            let at = clock.now().after(Duration::from_secs(3600));
+            let at = clock.now().after(Duration::from_hours(1));
             LeaseDeadline::fixed(clock, at)
         },
         stopping: CancellationToken::new(),

@@ -7,6 +7,9 @@
 //!
 //! The benchmark runs itself again as the second process (`VVM_BENCH_ROLE`).
 
+// Percentile ranks of non-negative sample counts.
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -16,7 +19,7 @@ use vvm_host::store::{RedbStore, TtlStore};
 
 const OPS: usize = 1000;
 const WAKES: usize = 100;
-const TTL: Duration = Duration::from_secs(3600);
+const TTL: Duration = Duration::from_hours(1);
 const ROLE_ENV: &str = "VVM_BENCH_ROLE";
 const PATH_ENV: &str = "VVM_BENCH_PATH";
 

@@ -10,22 +10,15 @@
 //!
 //! Prints median, p90 and min of each, then the graceful takeover split into its steps.
 
-#[path = "../tests/support/guests.rs"]
-#[allow(dead_code)]
-mod guests;
-// The end-to-end tests' process harness: test code, which may unwrap.
-#[path = "../../tests/e2e/support.rs"]
-#[allow(dead_code, clippy::unwrap_used)]
-mod support;
-#[path = "../src/store/etcd/test_server.rs"]
-mod test_server;
-
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
 use rustix::process::Signal;
-use support::{Host, Line};
+use testkit::etcd::EtcdServer;
+use testkit::host::{Host, Line, cluster_dir};
 use vvm_host::store::{EtcdOptions, EtcdStore, RedbStore, TtlStore};
+
+const BIN: &str = env!("CARGO_BIN_EXE_vvm-host");
 
 /// Measured runs of each takeover kind, after one warm-up.
 const RUNS: usize = 15;
@@ -34,7 +27,7 @@ const OPS: usize = 300;
 /// How long a new standby may settle into waiting before the leader is stopped.
 const SETTLE: Duration = Duration::from_millis(150);
 /// Lease of the SIGKILL runs on redb (redb leases need not be whole seconds).
-const KILL_LEASE: Duration = Duration::from_millis(1000);
+const KILL_LEASE: Duration = Duration::from_secs(1);
 
 /// The steps of a graceful takeover, each found by (host, message, target) in the logs.
 const STEPS: [(Role, &str, &str); 7] = [
@@ -54,7 +47,7 @@ enum Role {
 }
 
 fn main() {
-    let etcd = test_server::EtcdServer::start();
+    let etcd = EtcdServer::start();
     let etcd_url = etcd.as_ref().map(|e| format!("etcd://{}", e.endpoint()));
     let redb_dir = cluster_dir();
     let graceful_redb = graceful(redb_dir.path(), "vvm.redb", "2s");
@@ -121,32 +114,9 @@ fn main() {
     }
 }
 
-/// A directory with `services/rust-ticker.wasm`.
-fn cluster_dir() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let services = dir.path().join("services");
-    std::fs::create_dir(&services).expect("services dir");
-    std::fs::copy(
-        guests::guest("rust-ticker"),
-        services.join("rust-ticker.wasm"),
-    )
-    .expect("copy the ticker");
-    dir
-}
-
 /// `vvm-host serve` with its own (reused, so warm) compile cache.
 fn serve(name: &'static str, dir: &Path, store: &str, lease: &str) -> Host {
-    let cache = format!("cache-{name}");
-    let args = [
-        "serve",
-        "--store",
-        store,
-        "--lease",
-        lease,
-        "--cache-dir",
-        &cache,
-    ];
-    Host::start(name, dir, &args, "info,vvm_host::elections=debug")
+    testkit::host::serve(BIN, name, dir, store, lease)
 }
 
 /// One graceful takeover: the gap and the time of each of [`STEPS`] after the SIGTERM.
@@ -238,7 +208,7 @@ fn sigkill_redb(dir: &Path) -> Vec<Killed> {
 
 /// Acquire (`insert_if_absent`) and renew (`compare_and_swap`) on redb and, when available,
 /// etcd, interleaved round by round so both see the same machine load.
-async fn store_latency(etcd: Option<&test_server::EtcdServer>) -> Vec<(String, Vec<Duration>)> {
+async fn store_latency(etcd: Option<&EtcdServer>) -> Vec<(String, Vec<Duration>)> {
     let dir = tempfile::tempdir().expect("temp dir");
     let redb = RedbStore::open(dir.path().join("bench.redb"))
         .await

@@ -25,6 +25,7 @@ pub struct Timestamp {
 
 impl Timestamp {
     /// This reading moved `d` later.
+    #[must_use]
     pub fn after(self, d: Duration) -> Self {
         Self {
             boot: self.boot,
@@ -35,11 +36,12 @@ impl Timestamp {
     /// Time left from `now` until `self`, or `None` if `self` has been reached (expiry is
     /// inclusive: a record is expired when now >= expiry) or belongs to another boot.
     pub fn left_from(self, now: Timestamp) -> Option<Duration> {
-        if self.boot != now.boot || now.since_boot >= self.since_boot {
-            None
-        } else {
-            Some(self.since_boot - now.since_boot)
+        if self.boot != now.boot {
+            return None;
         }
+        self.since_boot
+            .checked_sub(now.since_boot)
+            .filter(|left| !left.is_zero())
     }
 }
 
@@ -47,7 +49,7 @@ impl Timestamp {
 /// of years, `Duration::MAX`) gives a moment a century away, which nothing waits for.
 pub fn tokio_after(now: tokio::time::Instant, d: Duration) -> tokio::time::Instant {
     now.checked_add(d)
-        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600))
+        .unwrap_or_else(|| now + Duration::from_hours(100 * 365 * 24))
 }
 
 /// A source of [`Timestamp`]s. Shared by the stores, elections and killer of one process, and

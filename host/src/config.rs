@@ -194,7 +194,7 @@ mod opt_duration {
 /// The default lease duration `L`.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(20);
 /// The default acquisition timeout.
-pub const DEFAULT_ACQUISITION_TIMEOUT: Duration = Duration::from_secs(120);
+pub const DEFAULT_ACQUISITION_TIMEOUT: Duration = Duration::from_mins(2);
 /// The default grace period of a stopping service.
 pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(5);
 /// The default memory cap per instance, MiB.
@@ -222,11 +222,11 @@ pub fn mib_to_bytes(mib: u64) -> u64 {
 pub const MIN_LEASE: Duration = Duration::from_millis(100);
 /// The longest lease: a crashed leader's slot stays taken this long. Past a day a lease only
 /// hides a dead host; it also keeps every deadline far from any clock's limits.
-pub const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
+pub const MAX_LEASE: Duration = Duration::from_hours(24);
 /// The longest acquisition timeout: 30 days (the shortest is [`MIN_LEASE`]).
-pub const MAX_ACQUISITION_TIMEOUT: Duration = Duration::from_secs(30 * 24 * 3600);
+pub const MAX_ACQUISITION_TIMEOUT: Duration = Duration::from_hours(720);
 /// The longest grace period: the lease's record and the killer wait for it on shutdown.
-pub const MAX_GRACE_PERIOD: Duration = Duration::from_secs(3600);
+pub const MAX_GRACE_PERIOD: Duration = Duration::from_hours(1);
 /// The largest memory cap per instance: all a 32-bit Wasm memory can address.
 pub const MAX_MEMORY_LIMIT_MIB: u64 = 4096;
 /// The largest cluster size: every standby tries every slot each round.
@@ -431,7 +431,7 @@ env = ["A=1"]
         .unwrap();
         assert_eq!(cfg.cluster_size, Some(3));
         assert_eq!(cfg.lease, Some(Duration::from_secs(2)));
-        assert_eq!(cfg.acquisition_timeout, Some(Duration::from_secs(60)));
+        assert_eq!(cfg.acquisition_timeout, Some(Duration::from_mins(1)));
         assert_eq!(cfg.grace_period, Some(Duration::from_millis(500)));
         assert_eq!(cfg.service["ticker"].env, ["A=1"]);
         assert_eq!(cfg.metrics_addr, Some(([127, 0, 0, 1], 9464).into()));

@@ -14,6 +14,7 @@
 //!   a descriptor prepared at start-up that never blocks, then ends the process with `_exit`.
 
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -90,6 +91,19 @@ impl Killer {
             }),
             thread: Mutex::new(None),
         }
+    }
+
+    /// A disarmed killer on `clock` that only counts how often it fired: for tests that watch
+    /// it fire (or not) and carry on.
+    pub fn counting(clock: Arc<dyn Clock>) -> (Arc<AtomicUsize>, Arc<Self>) {
+        let fired = Arc::new(AtomicUsize::new(0));
+        let action = {
+            let fired = Arc::clone(&fired);
+            Arc::new(move |_| {
+                fired.fetch_add(1, Ordering::SeqCst);
+            })
+        };
+        (fired, Arc::new(Self::with_action(clock, action)))
     }
 
     /// Arms the killer to fire at `deadline`, or moves an armed killer's deadline there.
@@ -264,25 +278,12 @@ impl LastWords {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
     use super::*;
     use crate::clock::{ManualClock, SystemClock};
 
-    fn counting(clock: Arc<dyn Clock>) -> (Arc<AtomicUsize>, Killer) {
-        let fired = Arc::new(AtomicUsize::new(0));
-        let action = {
-            let fired = Arc::clone(&fired);
-            Arc::new(move |_| {
-                fired.fetch_add(1, Ordering::SeqCst);
-            })
-        };
-        (fired, Killer::with_action(clock, action))
-    }
-
-    fn real() -> (Arc<dyn Clock>, Arc<AtomicUsize>, Killer) {
+    fn real() -> (Arc<dyn Clock>, Arc<AtomicUsize>, Arc<Killer>) {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock::local());
-        let (fired, killer) = counting(Arc::clone(&clock));
+        let (fired, killer) = Killer::counting(Arc::clone(&clock));
         (clock, fired, killer)
     }
 
@@ -314,11 +315,11 @@ mod tests {
     #[test]
     fn fires_when_boot_time_jumps_past_the_deadline_while_monotonic_time_does_not() {
         let clock = ManualClock::default();
-        let (fired, killer) = counting(Arc::new(clock.clone()));
-        killer.arm(clock.now().after(Duration::from_secs(3600)));
+        let (fired, killer) = Killer::counting(Arc::new(clock.clone()));
+        killer.arm(clock.now().after(Duration::from_hours(1)));
         std::thread::sleep(RECHECK * 3);
         assert_eq!(fired.load(Ordering::SeqCst), 0, "an hour is left");
-        clock.advance(Duration::from_secs(7200));
+        clock.advance(Duration::from_hours(2));
         assert!(wait_until(|| fired.load(Ordering::SeqCst) == 1));
     }
 

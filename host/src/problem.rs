@@ -88,14 +88,19 @@ struct ProblemState {
 impl ProblemReporter {
     /// Records `problem` if it is the first; returns whether it was.
     pub fn report(&self, problem: Problem) -> bool {
-        let first = self.inner.problem.set(problem.clone()).is_ok();
-        if first {
-            tracing::warn!(%problem, "problem");
-            self.inner.fired.cancel();
-        } else {
-            tracing::info!(%problem, "later problem ignored");
+        match self.inner.problem.set(problem) {
+            Ok(()) => {
+                if let Some(problem) = self.inner.problem.get() {
+                    tracing::warn!(%problem, "problem");
+                }
+                self.inner.fired.cancel();
+                true
+            }
+            Err(problem) => {
+                tracing::info!(%problem, "later problem ignored");
+                false
+            }
         }
-        first
     }
 
     /// The first problem reported, if any.

@@ -3,15 +3,11 @@
 
 #![allow(clippy::unwrap_used)]
 
-#[path = "support/guests.rs"]
-mod guests;
-#[path = "support/logs.rs"]
-mod logs;
-
 use std::sync::Arc;
 use std::time::Duration;
 
 use tempfile::TempDir;
+use testkit::{guests, logs};
 use tokio_util::sync::CancellationToken;
 use vvm_host::clock::{Clock, ManualClock, SystemClock};
 use vvm_host::elections::LeaseDeadline;
@@ -76,7 +72,7 @@ async fn lease(deadline: LeaseDeadline) -> Lease {
 
 fn far_deadline() -> LeaseDeadline {
     let clock = Arc::new(SystemClock::local());
-    let at = clock.now().after(Duration::from_secs(3600));
+    let at = clock.now().after(Duration::from_hours(1));
     LeaseDeadline::fixed(clock, at)
 }
 
@@ -280,7 +276,7 @@ async fn a_failing_guest_is_restarted_with_backoff_then_escalated() {
         initial_backoff: Duration::from_millis(100),
         max_backoff: Duration::from_secs(1),
         max_failures: 3,
-        window: Duration::from_secs(60),
+        window: Duration::from_mins(1),
     };
     let (services, _) = WasmServices::load(config).unwrap();
     let l = lease(far_deadline()).await;
@@ -373,7 +369,7 @@ async fn no_effect_after_the_lease_deadline() {
     let (services, _) = WasmServices::load(config).unwrap();
     let clock = Arc::new(SystemClock::local());
     let (move_deadline, deadline) =
-        LeaseDeadline::manual(clock.clone(), clock.now().after(Duration::from_secs(3600)));
+        LeaseDeadline::manual(clock.clone(), clock.now().after(Duration::from_hours(1)));
     let l = lease(deadline).await;
     let running = services.start(l.ctx.clone()).await.unwrap();
     let count = async || {
@@ -420,7 +416,7 @@ async fn no_effect_after_the_lease_deadline() {
 
     // A renewal moves the deadline: the service runs again and counts on.
     move_deadline
-        .send(clock.now().after(Duration::from_secs(3600)))
+        .send(clock.now().after(Duration::from_hours(1)))
         .unwrap();
     until("counting resumes", async || count().await > frozen).await;
     running.stop().await;
@@ -570,7 +566,7 @@ async fn trial(effect: &str, fenced: bool, cache: &std::path::Path) -> Trial {
     config.cache_dir = cache.to_owned();
     // No epoch interruption during the trial: only the per-call check may stop the effect
     // (an epoch trap right after the stop would hide a missing check).
-    config.epoch_tick = Duration::from_secs(3600);
+    config.epoch_tick = Duration::from_hours(1);
     let data = TempDir::new().unwrap();
     std::fs::write(data.path().join("existing"), "orig").unwrap();
     std::fs::create_dir(data.path().join("emptydir")).unwrap();
@@ -606,7 +602,7 @@ async fn trial(effect: &str, fenced: bool, cache: &std::path::Path) -> Trial {
     assert!(errors.is_empty(), "{errors:?}");
     let clock = Arc::new(SystemClock::local());
     let (move_deadline, deadline) =
-        LeaseDeadline::manual(clock.clone(), clock.now().after(Duration::from_secs(3600)));
+        LeaseDeadline::manual(clock.clone(), clock.now().after(Duration::from_hours(1)));
     let l = lease(deadline).await;
     let running = services.start(l.ctx.clone()).await.unwrap();
     until(&format!("{name} is ready"), async || {

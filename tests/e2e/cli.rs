@@ -6,8 +6,10 @@ use std::process::Command;
 
 use rustix::process::Signal;
 
-use crate::support::{BIN, Host};
-use crate::{cluster_dir, guests, serve};
+use testkit::guests;
+use testkit::host::{Host, cluster_dir};
+
+use crate::{BIN, serve};
 
 fn run(dir: &Path, args: &[&str]) -> (bool, String) {
     let out = Command::new(BIN)
@@ -86,6 +88,7 @@ fn a_second_signal_during_shutdown_exits_at_once() {
     .unwrap();
     // A spinning guest holds the shutdown in its 60 s grace period.
     let mut host = Host::start(
+        BIN,
         "a",
         dir.path(),
         &["serve", "--grace-period", "60s", "--cache-dir", "cache"],
@@ -140,11 +143,12 @@ fn stopped_status_runs_and_a_stopped_standby_never_cost_the_leader_its_lease() {
     let standby = serve("standby", dir.path(), "1s");
     standby.wait_for(&["campaigning"]);
     // A small xorshift generator: random moments, reproducible from the printed seed.
-    let mut seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos() as u64
-        | 1;
+    let mut seed = u64::from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos(),
+    ) | 1;
     println!("stop trials: seed {seed}");
     let mut below = |n: u64| {
         seed ^= seed << 13;

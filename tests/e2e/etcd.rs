@@ -2,17 +2,14 @@
 //! real etcd (SPEC §3, §5, issue 9). Skipped with a visible message when `etcd` is not on
 //! PATH, and failing instead when the environment variable `CI` is set.
 
-#[path = "../../host/src/store/etcd/test_server.rs"]
-pub(crate) mod test_server;
-
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
 use rustix::process::{Pid, Signal};
-use test_server::EtcdServer;
+use testkit::etcd::EtcdServer;
+use testkit::host::{Host, Line, PATIENCE, cluster_dir};
 
-use super::support::{Host, Line, PATIENCE};
-use super::{assert_disjoint, cluster_dir, serve_on, ticks};
+use super::{assert_disjoint, serve_on, ticks};
 
 /// The lease of these tests: etcd leases last whole seconds, and 2 s is the smallest TTL a
 /// cluster with etcd's default election timeout grants.

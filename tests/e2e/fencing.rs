@@ -10,8 +10,10 @@ use std::time::{Duration, Instant};
 
 use rustix::process::Signal;
 
-use crate::guests;
-use crate::support::{Host, Line};
+use testkit::guests;
+use testkit::host::{Host, Line};
+
+use crate::BIN;
 
 /// A directory with `services/journal.wasm`, `data/` granted to it, and a `vvm.toml`.
 pub(crate) fn journal_dir() -> tempfile::TempDir {
@@ -32,6 +34,7 @@ pub(crate) fn journal_dir() -> tempfile::TempDir {
 fn serve(name: &'static str, dir: &Path, lease: &str) -> Host {
     let cache = format!("cache-{name}");
     Host::start(
+        BIN,
         name,
         dir,
         &[
@@ -163,7 +166,7 @@ fn soak(faults: usize) {
     let started = Instant::now();
     while hosts.iter().all(|h| logged(h).is_empty()) {
         assert!(
-            started.elapsed() < Duration::from_secs(60),
+            started.elapsed() < Duration::from_mins(1),
             "no host started the guest"
         );
         std::thread::sleep(Duration::from_millis(20));

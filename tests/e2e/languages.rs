@@ -8,8 +8,10 @@ use std::time::{Duration, Instant};
 use rustix::process::Signal;
 use serde_json::Value;
 
-use crate::guests;
-use crate::support::{Host, Line};
+use testkit::guests;
+use testkit::host::{Host, Line};
+
+use crate::BIN;
 
 /// The compile cache must make the second load at least this many times faster.
 const CACHE_SPEEDUP: u32 = 10;
@@ -64,6 +66,7 @@ struct Run {
 fn serve_once(name: &'static str, dir: &Path, example: &str, cached: bool) -> Run {
     let spawned = Instant::now();
     let mut host = Host::start(
+        BIN,
         name,
         dir,
         &[

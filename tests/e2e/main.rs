@@ -3,17 +3,15 @@
 // Test code throughout (helpers too, which clippy's allow-unwrap-in-tests does not cover):
 // a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
+// Percentile ranks and millisecond figures of non-negative samples.
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 
 mod cli;
 mod etcd;
 mod fencing;
-#[path = "../../host/tests/support/guests.rs"]
-#[allow(dead_code)]
-mod guests;
 mod languages;
 mod netns;
 mod ops;
-mod support;
 mod systemd;
 mod tools;
 
@@ -21,17 +19,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use rustix::process::Signal;
-use support::{Host, Line};
+use testkit::guests;
+use testkit::host::{Host, Line, cluster_dir};
 
-/// A directory with `services/` holding the ticker example, shared by the hosts of a test.
-pub(crate) fn cluster_dir() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let services = dir.path().join("services");
-    std::fs::create_dir(&services).unwrap();
-    let ticker = guests::guest("rust-ticker");
-    std::fs::copy(&ticker, services.join("rust-ticker.wasm")).unwrap();
-    dir
-}
+/// The binary under test.
+const BIN: &str = env!("CARGO_BIN_EXE_vvm-host");
 
 /// `vvm-host serve` in `dir` with its own compile cache and the given lease, on the default
 /// store (`vvm.redb` in `dir`).
@@ -39,26 +31,9 @@ pub(crate) fn serve(name: &'static str, dir: &Path, lease: &str) -> Host {
     serve_on(name, dir, lease, "vvm.redb")
 }
 
-/// Like [`serve`], on the given `--store`. Renewals are logged (`renewed`, at debug level), so
-/// a test can tell when the last write of a lease happened.
+/// Like [`serve`], on the given `--store`.
 fn serve_on(name: &'static str, dir: &Path, lease: &str, store: &str) -> Host {
-    let cache = format!("cache-{name}");
-    Host::start(
-        name,
-        dir,
-        &[
-            "serve",
-            "--store",
-            store,
-            "--lease",
-            lease,
-            "--cache-dir",
-            &cache,
-            "--grace-period",
-            "2s",
-        ],
-        "info,vvm_host::elections=debug",
-    )
+    testkit::host::serve(BIN, name, dir, store, lease)
 }
 
 /// The log timestamp of a line (RFC 3339 UTC with a fixed number of digits: sorts as text).
@@ -230,7 +205,7 @@ fn bad_configuration_is_one_clear_line_and_a_non_zero_exit() {
         (clean.path(), &["serve", "--services", "absent"], "absent"),
     ];
     for (dir, args, needle) in cases {
-        let out = std::process::Command::new(support::BIN)
+        let out = std::process::Command::new(BIN)
             .args(*args)
             .current_dir(dir)
             .env("RUST_LOG", "off")
@@ -267,7 +242,7 @@ fn a_service_failing_on_one_host_hands_the_slot_to_a_healthy_standby_for_good() 
         "--grace-period",
         "1s",
     ];
-    let mut a = Host::start("a", dir.path(), &args, "info");
+    let mut a = Host::start(BIN, "a", dir.path(), &args, "info");
     a.wait_for(&["leading"]);
     let mut b = serve("b", dir.path(), "1s");
     b.wait_for(&["campaigning"]);

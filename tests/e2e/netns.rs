@@ -10,9 +10,11 @@ use std::time::Duration;
 
 use rustix::process::Signal;
 
-use crate::etcd::test_server::EtcdCluster;
+use testkit::etcd::EtcdCluster;
+use testkit::host::Host;
+
+use crate::BIN;
 use crate::fencing::{journal, journal_dir, log_overlaps, logged, term_drops};
-use crate::support::Host;
 
 /// One network namespace with a veth link to the root namespace: `10.<net>.0.1` on the root
 /// side, `10.<net>.0.2` inside. Deleted (with its link) on drop.
@@ -124,6 +126,7 @@ fn serve_in(ns: &Netns, name: &'static str, dir: &Path, etcd: &EtcdCluster) -> H
     let store = format!("etcd://{}", etcd.endpoints_at(&ns.root_address));
     let cache = format!("cache-{name}");
     Host::start_in(
+        BIN,
         Some(&ns.name),
         name,
         dir,

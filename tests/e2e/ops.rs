@@ -8,14 +8,17 @@ use std::time::{Duration, Instant};
 
 use rustix::process::Signal;
 
-use crate::support::{BIN, Host};
-use crate::{cluster_dir, guests, stamp};
+use crate::{BIN, stamp};
+use testkit::guests;
+use testkit::host::cluster_dir;
+use testkit::host::{Host, PATIENCE};
 
 /// `vvm-host serve` in `dir` with the endpoint on a free port; returns the host and its
 /// endpoint's base URL (from its `operations endpoint listening` line).
 fn serve_with_endpoint(name: &'static str, dir: &Path) -> (Host, String) {
     let cache = format!("cache-{name}");
     let host = Host::start(
+        BIN,
         name,
         dir,
         &[
@@ -58,11 +61,11 @@ fn metrics(base: &str) -> HashMap<String, f64> {
         .samples
         .into_iter()
         .filter_map(|s| {
-            let value = match s.value {
-                prometheus_parse::Value::Counter(v)
-                | prometheus_parse::Value::Gauge(v)
-                | prometheus_parse::Value::Untyped(v) => v,
-                _ => return None,
+            let (prometheus_parse::Value::Counter(value)
+            | prometheus_parse::Value::Gauge(value)
+            | prometheus_parse::Value::Untyped(value)) = s.value
+            else {
+                return None;
             };
             let mut labels: Vec<_> = s.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
             labels.sort();
@@ -78,7 +81,7 @@ fn value(m: &HashMap<String, f64>, key: &str) -> f64 {
 
 /// Polls `/metrics` of `base` until `ok` holds (renewals and writes happen on their own time).
 fn metrics_until(base: &str, ok: impl Fn(&HashMap<String, f64>) -> bool) -> HashMap<String, f64> {
-    let end = Instant::now() + crate::support::PATIENCE;
+    let end = Instant::now() + PATIENCE;
     loop {
         let m = metrics(base);
         if ok(&m) {

@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use crate::support::BIN;
+use crate::BIN;
 
 const UNIT: &str = include_str!("../../contrib/vvm-host.service");
 
@@ -39,7 +39,7 @@ fn the_unit_restarts_on_the_killer_and_crashes_but_not_after_a_clean_stop() {
 }
 
 /// `systemd-analyze verify` (when installed) accepts the unit without a warning, with
-/// ExecStart pointed at the binary under test (verify checks that it is executable).
+/// `ExecStart` pointed at the binary under test (verify checks that it is executable).
 #[test]
 fn systemd_analyze_verify_accepts_the_unit() {
     if Command::new("systemd-analyze")

@@ -7,8 +7,10 @@ use std::process::{Command, Output};
 
 use rustix::process::Signal;
 
-use crate::support::BIN;
-use crate::{cluster_dir, guests, serve};
+use crate::BIN;
+use crate::serve;
+use testkit::guests;
+use testkit::host::cluster_dir;
 
 /// Runs `vvm-host <args>` in `dir` as a script would: pipes, no `RUST_LOG`, text logs.
 fn tool(dir: &Path, args: &[&str]) -> Output {

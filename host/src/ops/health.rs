@@ -87,7 +87,7 @@ mod tests {
         // The loop comes back and publishes its next step: healthy again.
         health.step_due_in(Duration::from_secs(5), lease);
         assert_eq!(health.overdue(), None);
-        clock.advance(Duration::from_secs(60));
+        clock.advance(Duration::from_mins(1));
         assert_eq!(health.overdue(), Some(Duration::from_secs(50)));
 
         // Stepping down clears it.

@@ -174,7 +174,7 @@ async fn leader(State(ops): State<Ops>) -> Response {
         .into_response()
 }
 
-/// The Prometheus exposition (OpenMetrics text, which Prometheus scrapes natively).
+/// The Prometheus exposition (`OpenMetrics` text, which Prometheus scrapes natively).
 async fn metrics(State(ops): State<Ops>) -> Response {
     (
         [(

@@ -310,7 +310,7 @@ mod tests {
         let m = Metrics::new();
         m.renewal(RenewalOutcome::Ok, Duration::from_micros(300));
         m.renewal(RenewalOutcome::Ok, Duration::from_millis(2));
-        m.renewal(RenewalOutcome::Error, Duration::from_secs(60));
+        m.renewal(RenewalOutcome::Error, Duration::from_mins(1));
         let out = text(&m);
         for line in [
             "vvm_lease_renewals_total{outcome=\"ok\"} 2",

@@ -157,7 +157,7 @@ impl Ops {
         self.inner.metrics.kv_write(service, outcome);
     }
 
-    /// The Prometheus (OpenMetrics) text exposition of every metric, as of now.
+    /// The Prometheus (`OpenMetrics`) text exposition of every metric, as of now.
     pub fn render(&self) -> String {
         let m = &self.inner.metrics;
         // The lease gauges are read from the leadership at scrape time.

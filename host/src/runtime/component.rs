@@ -2,7 +2,7 @@
 //! is compiled (or loaded from the on-disk cache) before campaigning, checked against the two
 //! supported worlds, and pre-instantiated once.
 
-use std::fmt;
+use std::fmt::{self, Write as _};
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 
@@ -225,7 +225,10 @@ pub(crate) fn version_of(bytes: &[u8]) -> String {
 
 /// `bytes` in lower-case hex.
 fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    bytes.iter().fold(String::new(), |mut hex, b| {
+        let _ = write!(hex, "{b:02x}");
+        hex
+    })
 }
 
 /// Feeds `Hash` output into SHA-256, for a digest that is stable across processes.

@@ -160,7 +160,7 @@ impl Default for RestartPolicy {
             initial_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(10),
             max_failures: 5,
-            window: Duration::from_secs(60),
+            window: Duration::from_mins(1),
         }
     }
 }

@@ -127,7 +127,7 @@ mod tests {
             ..RuntimeConfig::new("/nonexistent")
         })
         .unwrap();
-        let ticker = EpochTicker::start(&engine, Duration::from_secs(3600)).unwrap();
+        let ticker = EpochTicker::start(&engine, Duration::from_hours(1)).unwrap();
         let thread = ticker.thread.as_ref().unwrap().thread().clone();
         assert_eq!(thread.name(), Some("vvm-epoch"));
         let started = std::time::Instant::now();

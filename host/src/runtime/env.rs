@@ -124,7 +124,7 @@ pub(crate) mod tests {
         let clock = ManualClock::default();
         let deadline = LeaseDeadline::fixed(
             Arc::new(clock.clone()),
-            clock.now().after(Duration::from_secs(60)),
+            clock.now().after(Duration::from_mins(1)),
         );
         let env = ServiceEnv {
             name: "svc".into(),

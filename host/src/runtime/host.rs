@@ -277,7 +277,7 @@ mod tests {
     async fn effects_after_the_deadline_trap_and_do_nothing() {
         let (clock, env) = env().await;
         let mut h = host(&env);
-        clock.advance(Duration::from_secs(60));
+        clock.advance(Duration::from_mins(1));
         let e = lease::Host::report_problem(&mut h, "bad".into())
             .await
             .unwrap_err();

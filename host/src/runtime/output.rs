@@ -150,40 +150,17 @@ impl AsyncWrite for LogOutput {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
     use std::time::Duration;
-
-    use tracing_subscriber::layer::SubscriberExt;
 
     use super::*;
     use crate::runtime::env::tests::env;
 
-    /// Runs `f` with a subscriber that collects every event's message.
+    /// The message of every event `f` logs.
     fn capture(f: impl FnOnce()) -> Vec<String> {
-        struct Collect(Arc<Mutex<Vec<String>>>);
-        struct Message<'a>(&'a mut String);
-        impl tracing::field::Visit for Message<'_> {
-            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
-                if f.name() == "message" {
-                    *self.0 = format!("{v:?}");
-                }
-            }
-        }
-        impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Collect {
-            fn on_event(
-                &self,
-                e: &tracing::Event<'_>,
-                _: tracing_subscriber::layer::Context<'_, S>,
-            ) {
-                let mut m = String::new();
-                e.record(&mut Message(&mut m));
-                self.0.lock().unwrap().push(m);
-            }
-        }
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let subscriber = tracing_subscriber::registry().with(Collect(Arc::clone(&lines)));
-        tracing::subscriber::with_default(subscriber, f);
-        lines.lock().unwrap().clone()
+        testkit::logs::capture(f)
+            .into_iter()
+            .map(|line| line.message)
+            .collect()
     }
 
     #[tokio::test]
@@ -206,7 +183,7 @@ mod tests {
         let (_clock, env) = env().await;
         let lines = capture(|| {
             LogOutput::new(env, Stdio::Stderr)
-                .write(&[b'x'; MAX_LINE + 10])
+                .write(&vec![b'x'; MAX_LINE + 10])
                 .unwrap();
         });
         let lengths: Vec<usize> = lines.iter().map(String::len).collect();
@@ -219,7 +196,7 @@ mod tests {
         let lines = capture(|| {
             let out = LogOutput::new(env, Stdio::Stdout);
             out.write(b"before\npartial").unwrap();
-            clock.advance(Duration::from_secs(60));
+            clock.advance(Duration::from_mins(1));
             let mut stream = out.p2_stream();
             let e = stream.write(Bytes::from_static(b" after\n")).unwrap_err();
             assert!(matches!(e, StreamError::Trap(_)));

@@ -35,9 +35,10 @@ impl Progress {
     /// `service` starts loading (compiling, or from the cache); returns when, for
     /// [`Step::elapsed_ms`].
     pub fn start(&self, service: &str) -> Step {
-        match &self.bar {
-            Some(bar) => bar.set_message(service.to_owned()),
-            None => tracing::info!(service, "loading service"),
+        if let Some(bar) = &self.bar {
+            bar.set_message(service.to_owned());
+        } else {
+            tracing::info!(service, "loading service");
         }
         Step {
             started: Instant::now(),

@@ -177,10 +177,7 @@ async fn finish(
                 tracing::info!(service, "stopping: command dropped at once");
                 return Outcome::Stopped;
             };
-            match tokio::time::timeout(grace, &mut run).await {
-                Ok(r) => tracing::info!(service, outcome = ?outcome(r), "stopped within grace"),
-                Err(_) => tracing::warn!(service, ?grace, "grace period over: instance dropped"),
-            }
+            if let Ok(r) = tokio::time::timeout(grace, &mut run).await { tracing::info!(service, outcome = ?outcome(r), "stopped within grace") } else { tracing::warn!(service, ?grace, "grace period over: instance dropped") }
             Outcome::Stopped
         }
     }

@@ -130,9 +130,11 @@ pub(crate) async fn cas_resets_expiry<B: Backend>(b: &mut B) {
     let clock = ManualClock::default();
     let s = b.open(&clock).await;
     s.insert_if_absent("k", "a", B::TTL).await.unwrap().unwrap();
-    b.advance(&clock, B::TTL - Duration::from_secs(2)).await;
+    b.advance(&clock, B::TTL.checked_sub(Duration::from_secs(2)).unwrap())
+        .await;
     assert!(s.compare_and_swap("k", "a", "a", B::TTL).await.unwrap());
-    b.advance(&clock, B::TTL - Duration::from_secs(1)).await;
+    b.advance(&clock, B::TTL.checked_sub(Duration::from_secs(1)).unwrap())
+        .await;
     assert!(
         s.get("k").await.unwrap().is_some(),
         "the swap moved the expiry"
@@ -169,7 +171,7 @@ pub(crate) async fn expiry_is_inclusive<B: Backend>(b: &mut B) {
     let clock = ManualClock::default();
     let s = b.open(&clock).await;
     s.insert_if_absent("k", "a", B::TTL).await.unwrap().unwrap();
-    b.advance(&clock, B::TTL - NANO).await;
+    b.advance(&clock, B::TTL.checked_sub(NANO).unwrap()).await;
     assert_eq!(s.get("k").await.unwrap().unwrap().time_left, NANO);
     b.advance(&clock, NANO).await;
     assert!(
@@ -228,7 +230,10 @@ pub(crate) async fn get_reports_time_left<B: Backend>(b: &mut B) {
     // 3 s, or a third of a shorter TTL (a store with its own clock counts whole seconds).
     let step = Duration::from_secs(3).min(B::TTL / 3);
     b.advance(&clock, step).await;
-    assert_eq!(s.get("k").await.unwrap().unwrap().time_left, B::TTL - step);
+    assert_eq!(
+        s.get("k").await.unwrap().unwrap().time_left,
+        B::TTL.checked_sub(step).unwrap()
+    );
 }
 
 pub(crate) async fn records_from_before_a_reboot_are_expired<B: Backend>(b: &mut B) {
@@ -251,7 +256,8 @@ async fn expires_after_ttl_not_before<B: Backend>(b: &mut B) {
     let clock = ManualClock::default();
     let s = b.open(&clock).await;
     s.insert_if_absent("k", "a", B::TTL).await.unwrap().unwrap();
-    b.advance(&clock, B::TTL - Duration::from_secs(1)).await;
+    b.advance(&clock, B::TTL.checked_sub(Duration::from_secs(1)).unwrap())
+        .await;
     let rec = s
         .get("k")
         .await
@@ -411,7 +417,7 @@ pub(crate) async fn wait_released_wakes_on_delete<B: Backend>(b: &mut B) {
     s.insert_if_absent("k", "a", B::TTL).await.unwrap().unwrap();
     let waiter = tokio::spawn({
         let s = Arc::clone(&s);
-        async move { s.wait_released(Duration::from_secs(3600)).await }
+        async move { s.wait_released(Duration::from_hours(1)).await }
     });
     // Let the waiter start waiting before the release.
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -540,7 +546,7 @@ pub(crate) async fn an_insert_applied_despite_an_error_is_retaken_at_once_and_cl
     // Cleanup after a failed, applied insert.
     let s = Arc::new(AppliedThenFailed {
         inner: b.open(&clock).await,
-        failed_once: Default::default(),
+        failed_once: std::sync::atomic::AtomicBool::default(),
     });
     let killer = quiet_killer();
     let elections = Elections::new(s.clone(), Arc::clone(&killer), Arc::clone(&local));
@@ -560,7 +566,7 @@ pub(crate) async fn an_insert_applied_despite_an_error_is_retaken_at_once_and_cl
     // A campaign whose first insert failed but was applied leads at once.
     let s = Arc::new(AppliedThenFailed {
         inner: b.open(&clock).await,
-        failed_once: Default::default(),
+        failed_once: std::sync::atomic::AtomicBool::default(),
     });
     let config = VvmConfig {
         lease: B::TTL,

@@ -21,8 +21,6 @@
 
 mod options;
 #[cfg(test)]
-mod test_server;
-#[cfg(test)]
 mod tests;
 
 use std::collections::HashMap;
@@ -74,6 +72,9 @@ impl EtcdStore {
     ///
     /// Fails with a transient error if no endpoint answers within the connect and request
     /// timeouts, and with a permanent one for bad credentials, TLS files or options.
+    ///
+    /// # Errors
+    /// As above: [`StoreError::Transient`] or [`StoreError::Permanent`].
     pub async fn connect(options: EtcdOptions) -> Result<Self, StoreError> {
         let endpoints = options.endpoint_list();
         let context = format!("etcd {endpoints}: connecting");
@@ -331,7 +332,9 @@ impl TtlStore for EtcdStore {
         }
         // The put created the key in this transaction, so its create revision is the
         // transaction's revision.
-        let term = response.header().map_or(0, |h| h.revision());
+        let term = response
+            .header()
+            .map_or(0, etcd_client::ResponseHeader::revision);
         self.written_on().insert(key.to_owned(), lease);
         tracing::debug!(key, value, term, lease, "etcd record inserted");
         Ok(Some(u64::try_from(term).unwrap_or(0)))
@@ -503,7 +506,9 @@ fn previous_lease(response: &TxnResponse) -> i64 {
         .iter()
         .find_map(|op| match op {
             TxnOpResponse::Put(put) => put.prev_key().map(etcd_client::KeyValue::lease),
-            TxnOpResponse::Delete(delete) => delete.prev_kvs().first().map(|kv| kv.lease()),
+            TxnOpResponse::Delete(delete) => {
+                delete.prev_kvs().first().map(etcd_client::KeyValue::lease)
+            }
             _ => None,
         })
         .unwrap_or(0)

@@ -100,7 +100,7 @@ impl TtlStore for MemStore {
         let mut state = self.lock();
         match state.live(key, now) {
             Some(entry) if entry.value == expected => {
-                entry.value = new.to_owned();
+                new.clone_into(&mut entry.value);
                 entry.expires = now.after(ttl);
                 Ok(true)
             }

@@ -80,6 +80,9 @@ impl EtcdOptions {
     /// (unless one is given after the endpoints), no credentials and no TLS.
     ///
     /// Credentials and TLS are deliberately not part of the address, so it can be logged.
+    ///
+    /// # Errors
+    /// An [`EtcdUrlError`] naming what is wrong with `url`.
     pub fn from_url(url: &str) -> Result<Self, EtcdUrlError> {
         let rest = url
             .strip_prefix("etcd://")

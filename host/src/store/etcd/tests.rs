@@ -4,7 +4,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::test_server::{EtcdServer, ServerTls, free_ports};
+use testkit::etcd::{EtcdServer, ServerTls, free_ports};
+
 use super::*;
 use crate::clock::ManualClock;
 use crate::store::conformance::{self, Backend};
@@ -85,12 +86,12 @@ async fn swap_uses_the_new_ttl_and_no_lease_is_left_behind() {
     let Some(etcd) = Etcd::start() else { return };
     let s = etcd.store().await;
     let mut raw = etcd.raw().await;
-    s.insert_if_absent("k", "a", Duration::from_secs(60))
+    s.insert_if_absent("k", "a", Duration::from_mins(1))
         .await
         .unwrap()
         .unwrap();
     assert_eq!(
-        s.insert_if_absent("k", "b", Duration::from_secs(60))
+        s.insert_if_absent("k", "b", Duration::from_mins(1))
             .await
             .unwrap(),
         None
@@ -147,7 +148,7 @@ async fn wait_released_sees_a_delete_between_get_and_wait() {
     let Some(etcd) = Etcd::start() else { return };
     let (waiter, holder) = (etcd.store().await, etcd.store().await);
     holder
-        .insert_if_absent("k", "a", Duration::from_secs(60))
+        .insert_if_absent("k", "a", Duration::from_mins(1))
         .await
         .unwrap()
         .unwrap();
@@ -157,7 +158,7 @@ async fn wait_released_sees_a_delete_between_get_and_wait() {
     // waiter's get saw, so it still reports it.
     tokio::time::timeout(
         Duration::from_secs(10),
-        waiter.wait_released(Duration::from_secs(60)),
+        waiter.wait_released(Duration::from_mins(1)),
     )
     .await
     .expect("woke for the earlier delete");
@@ -172,12 +173,12 @@ async fn writes_do_not_wake_a_waiter() {
         let s = Arc::clone(&s);
         async move { s.wait_released(Duration::from_secs(2)).await }
     });
-    s.insert_if_absent("k", "a", Duration::from_secs(60))
+    s.insert_if_absent("k", "a", Duration::from_mins(1))
         .await
         .unwrap()
         .unwrap();
     assert!(
-        s.compare_and_swap("k", "a", "b", Duration::from_secs(60))
+        s.compare_and_swap("k", "a", "b", Duration::from_mins(1))
             .await
             .unwrap()
     );
@@ -200,12 +201,12 @@ async fn prefixes_and_kv_spaces_are_apart() {
     .await
     .unwrap();
     let term = a
-        .insert_if_absent("k", "a", Duration::from_secs(60))
+        .insert_if_absent("k", "a", Duration::from_mins(1))
         .await
         .unwrap()
         .unwrap();
     assert!(
-        b.insert_if_absent("k", "b", Duration::from_secs(60))
+        b.insert_if_absent("k", "b", Duration::from_mins(1))
             .await
             .unwrap()
             .is_some()
@@ -259,14 +260,14 @@ async fn a_dead_cluster_fails_calls_within_the_request_timeout() {
     })
     .await
     .unwrap();
-    s.insert_if_absent("k", "a", Duration::from_secs(60))
+    s.insert_if_absent("k", "a", Duration::from_mins(1))
         .await
         .unwrap()
         .unwrap();
     drop(etcd);
     let start = Instant::now();
     let err = s
-        .compare_and_swap("k", "a", "a", Duration::from_secs(60))
+        .compare_and_swap("k", "a", "a", Duration::from_mins(1))
         .await
         .unwrap_err();
     assert!(err.is_transient(), "{err}");

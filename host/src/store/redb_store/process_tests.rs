@@ -15,9 +15,9 @@ const ROLE_ENV: &str = "VVM_REDB_CHILD_ROLE";
 const PATH_ENV: &str = "VVM_REDB_CHILD_PATH";
 /// The counter every child increments by compare-and-swap.
 const COUNTER: &str = "counter";
-const TTL: Duration = Duration::from_secs(3600);
+const TTL: Duration = Duration::from_hours(1);
 /// Bounds a test that would otherwise hang on a stuck child.
-const CHILD_DEADLINE: Duration = Duration::from_secs(60);
+const CHILD_DEADLINE: Duration = Duration::from_mins(1);
 
 /// Starts this test binary as a child running [`child_main`] with `role` on `path`.
 fn spawn_child(role: &str, path: &Path) -> Child {

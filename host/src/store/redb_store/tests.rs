@@ -205,7 +205,7 @@ async fn two_handles_share_records_and_a_release_wakes_the_other_handle() {
     // `b` has its own Notify: only the file watch can wake it.
     let waiter = tokio::spawn(async move {
         let started = Instant::now();
-        b.wait_released(Duration::from_secs(60)).await;
+        b.wait_released(Duration::from_mins(1)).await;
         (started.elapsed(), b)
     });
     tokio::time::sleep(Duration::from_millis(100)).await;

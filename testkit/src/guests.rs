@@ -1,4 +1,4 @@
-//! Test support: the guest components of `guest-examples/`, built once per test binary by
+//! The guest components of `guest-examples/`, built once per test binary by
 //! running `guest-examples/build.sh` (cargo makes that a quick no-op when nothing changed).
 
 use std::path::{Path, PathBuf};

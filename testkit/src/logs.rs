@@ -1,8 +1,9 @@
-//! Test support: every tracing event of the test binary, captured so tests can see what a
-//! guest logged (events carry the service name in the `service` field).
+//! Tracing events, captured so tests can see what the host and its guests logged (guest
+//! events carry the service name in the `service` field): every event of the test process
+//! ([`init`], then [`of`], [`count`], [`count_with`]), or those of one closure ([`capture`]).
 
-use std::fmt::Debug;
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::fmt::{Debug, Write as _};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use tracing::field::{Field, Visit};
 use tracing_subscriber::layer::{Context, SubscriberExt};
@@ -21,9 +22,17 @@ pub struct Line {
     pub fields: String,
 }
 
-static LINES: Mutex<Vec<Line>> = Mutex::new(Vec::new());
+type Lines = Arc<Mutex<Vec<Line>>>;
 
-struct Capture;
+/// What [`init`] captures: the events of every thread.
+static LINES: LazyLock<Lines> = LazyLock::new(Lines::default);
+
+/// A layer that appends every event it sees to its lines.
+struct Capture(Lines);
+
+fn lock(lines: &Lines) -> MutexGuard<'_, Vec<Line>> {
+    lines.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 #[derive(Default)]
 struct Fields {
@@ -38,8 +47,10 @@ impl Visit for Fields {
         match field.name() {
             "service" => self.service = Some(value.to_owned()),
             "stream" => self.stream = Some(value.to_owned()),
-            "message" => self.message = value.to_owned(),
-            other => self.rest.push_str(&format!(" {other}={value}")),
+            "message" => value.clone_into(&mut self.message),
+            other => {
+                let _ = write!(self.rest, " {other}={value}");
+            }
         }
     }
 
@@ -47,7 +58,9 @@ impl Visit for Fields {
         match field.name() {
             "service" => self.service = Some(format!("{value:?}")),
             "message" => self.message = format!("{value:?}"),
-            other => self.rest.push_str(&format!(" {other}={value:?}")),
+            other => {
+                let _ = write!(self.rest, " {other}={value:?}");
+            }
         }
     }
 }
@@ -56,15 +69,12 @@ impl<S: tracing::Subscriber> Layer<S> for Capture {
     fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
         let mut fields = Fields::default();
         event.record(&mut fields);
-        LINES
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(Line {
-                service: fields.service,
-                stream: fields.stream,
-                message: fields.message,
-                fields: fields.rest,
-            });
+        lock(&self.0).push(Line {
+            service: fields.service,
+            stream: fields.stream,
+            message: fields.message,
+            fields: fields.rest,
+        });
     }
 }
 
@@ -78,17 +88,23 @@ pub fn init() {
                 .with_filter(EnvFilter::from_default_env())
         });
         let subscriber = tracing_subscriber::registry()
-            .with(Capture.with_filter(EnvFilter::new("vvm_host=trace")))
+            .with(Capture(Arc::clone(&LINES)).with_filter(EnvFilter::new("vvm_host=trace")))
             .with(print);
         tracing::subscriber::set_global_default(subscriber).expect("one global subscriber");
     });
 }
 
-/// The captured lines of `service`.
+/// Every event `f` logs on this thread (instead of the global subscriber of [`init`]).
+pub fn capture(f: impl FnOnce()) -> Vec<Line> {
+    let lines = Lines::default();
+    let subscriber = tracing_subscriber::registry().with(Capture(Arc::clone(&lines)));
+    tracing::subscriber::with_default(subscriber, f);
+    lock(&lines).clone()
+}
+
+/// The lines [`init`] captured of `service`.
 pub fn of(service: &str) -> Vec<Line> {
-    LINES
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
+    lock(&LINES)
         .iter()
         .filter(|l| l.service.as_deref() == Some(service))
         .cloned()

@@ -1,12 +1,8 @@
 //! Throw-away etcd for tests and benchmarks: a real `etcd` child process, or a 3-member
 //! cluster of them.
-//!
-//! Self-contained (std + tempfile) so benches and the end-to-end test crate can include it
-//! with `#[path = ".../test_server.rs"] mod test_server;`.
-
-#![allow(dead_code)]
 
 use std::ffi::OsString;
+use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -73,7 +69,7 @@ impl EtcdServer {
         let scheme = if tls.is_some() { "https" } else { "http" };
         let mut client = format!("{scheme}://127.0.0.1:{client_port}");
         if tls.is_some() {
-            client.push_str(&format!(",http://127.0.0.1:{health_port}"));
+            let _ = write!(client, ",http://127.0.0.1:{health_port}");
         }
         let peer = format!("http://127.0.0.1:{peer_port}");
         let initial_cluster = format!("--initial-cluster=test={peer}");
@@ -157,7 +153,7 @@ impl EtcdServer {
     }
 
     /// The etcd log, for failure messages.
-    pub fn log(&self) -> String {
+    fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
     }
 
@@ -230,7 +226,7 @@ impl EtcdCluster {
             std::fs::create_dir_all(&member_dir).expect("member dir");
             let mut client = format!("http://127.0.0.1:{}", client_ports[i]);
             for address in extra_addresses {
-                client.push_str(&format!(",http://{address}:{}", client_ports[i]));
+                let _ = write!(client, ",http://{address}:{}", client_ports[i]);
             }
             let peer = format!("http://127.0.0.1:{}", peer_ports[i]);
             let args: Vec<OsString> = [

@@ -1,21 +1,20 @@
 //! The VVM lifecycle (SPEC §5) through the public API, with recording doubles, on paused time.
-#![allow(clippy::unwrap_used)]
-
-mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::{
-    Behaviour, Fault, FaultyStore, Journal, Op, RecordingServices, counting_killer, mem_store,
-};
 use tokio::time::{Instant, sleep};
 use vvm_host::clock::TokioClock;
 use vvm_host::killer::{KILLER_EXIT_CODE, Killer};
 use vvm_host::problem::{Problem, ProblemReporter};
 use vvm_host::store::{MemStore, StoreError, TtlStore};
 use vvm_host::vvm::{LaunchedVvm, Vvm, VvmConfig, VvmState};
+
+use crate::common::child;
+use crate::common::journal::{Event, Journal};
+use crate::common::services::{Behaviour, RecordingServices};
+use crate::common::store::{Fault, FaultyStore, Op, mem_store};
 
 const L: Duration = Duration::from_secs(20);
 const MS: Duration = Duration::from_millis(1);
@@ -32,7 +31,7 @@ fn config(holder: &str, slots: u32) -> VvmConfig {
     VvmConfig {
         cluster_size: slots,
         lease: L,
-        acquisition_timeout: Duration::from_secs(120),
+        acquisition_timeout: Duration::from_mins(2),
         holder: holder.to_owned(),
     }
 }
@@ -42,7 +41,7 @@ fn launch_with(mem: &MemStore, journal: &Journal, config: VvmConfig, b: Behaviou
     let store = FaultyStore::new(mem.clone(), &name, journal);
     let services = RecordingServices::new(&name, b, journal);
     let clock = TokioClock::new();
-    let (fired, killer) = counting_killer(&clock);
+    let (fired, killer) = Killer::counting(Arc::new(clock.clone()));
     let vvm = Vvm::provide(config, store.clone(), services.clone())
         .with_clock_and_killer(Arc::new(clock), Arc::clone(&killer))
         .launch();
@@ -94,11 +93,21 @@ async fn record(mem: &MemStore, slot: u32) -> Option<String> {
         .map(|r| r.value)
 }
 
-fn assert_order(journal: &Journal, before: &str, after: &str) {
-    let (b, a) = (journal.last(before), journal.first(after));
+/// A store call of `op` on slot 1 that succeeded.
+fn succeeded(op: Op) -> Event {
+    Event::Store {
+        op,
+        key: "slot/1".into(),
+        result: Ok(true),
+    }
+}
+
+/// Asserts that every `before` of `who` came before the first `after` of `who`.
+fn assert_order(journal: &Journal, who: &str, before: &Event, after: &Event) {
+    let (b, a) = (journal.last(who, before), journal.first(who, after));
     assert!(
         b.is_some() && a.is_some() && b < a,
-        "expected every {before:?} before {after:?}:\n{}",
+        "expected every {who} {before:?} before {after:?}:\n{}",
         journal.dump()
     );
 }
@@ -111,7 +120,7 @@ async fn provide_starts_nothing() {
     let vvm = Vvm::provide(config("a", 1), store.clone(), services.clone());
     sleep(L).await;
     assert!(store.calls().is_empty());
-    assert!(journal.events().is_empty());
+    assert!(journal.is_empty());
     drop(vvm);
 }
 
@@ -156,8 +165,8 @@ async fn services_start_only_once_the_slot_is_held_and_stop_before_the_record_is
     leading(&h).await;
     settle().await;
     shut(h.vvm).await;
-    assert_order(&journal, "a Insert slot/1 -> Ok(true)", "a start begin");
-    assert_order(&journal, "a stopped", "a Delete slot/1 -> Ok(true)");
+    assert_order(&journal, "a", &succeeded(Op::Insert), &Event::StartBegin);
+    assert_order(&journal, "a", &Event::Stopped, &succeeded(Op::Delete));
     assert_eq!(h.killer.deadline(), None);
 }
 
@@ -183,7 +192,7 @@ async fn a_second_vvm_on_one_slot_gets_the_acquisition_timeout_without_polling_b
     // Tried at 0, at the expiry it saw (20 s; renewed meanwhile) and at the timeout.
     let tries = b.store.calls_of(Op::Insert);
     assert!(tries.len() <= 4, "polled {} times", tries.len());
-    assert!(journal.first("b start begin").is_none());
+    assert!(journal.first("b", &Event::StartBegin).is_none());
     assert_eq!(b.killer.deadline(), None, "never armed");
     assert_eq!(shut(b.vvm).await, Some(problem));
     assert_eq!(shut(a.vvm).await, None);
@@ -260,7 +269,11 @@ async fn leadership_loss_is_a_problem_and_tells_the_services_to_stop() {
         "services hear the stop at once"
     );
     assert_eq!(shut(h.vvm).await, Some(Problem::LeadershipLost));
-    assert!(journal.first("a stop begin stopping=true").is_some());
+    assert!(
+        journal
+            .first("a", &Event::StopBegin { stopping: true })
+            .is_some()
+    );
     assert_eq!(h.services.running(), 0);
     assert_eq!(h.killer.deadline(), None);
 }
@@ -282,7 +295,7 @@ async fn shutdown_right_after_launch_ends_cleanly() {
     let journal = Journal::default();
     let h = launch(&mem, &journal, "a");
     assert_eq!(shut(h.vvm).await, None);
-    assert!(journal.first("a start begin").is_none());
+    assert!(journal.first("a", &Event::StartBegin).is_none());
     assert_eq!(record(&mem, 1).await, None);
     assert_eq!(h.killer.deadline(), None);
 }
@@ -298,7 +311,7 @@ async fn shutdown_while_campaigning_ends_at_once() {
     let t = Instant::now();
     assert_eq!(shut(b.vvm).await, None);
     assert_eq!(Instant::now(), t, "no wait");
-    assert!(journal.first("b start begin").is_none());
+    assert!(journal.first("b", &Event::StartBegin).is_none());
     assert_eq!(
         record(&mem, 1).await.as_deref(),
         Some("a"),
@@ -316,7 +329,7 @@ async fn shutdown_while_an_acquisition_hangs_ends_and_cleans_up_the_write() {
     store.script(Op::Insert, [Fault::Stall]);
     let services = RecordingServices::new("a", Behaviour::default(), &journal);
     let clock = TokioClock::new();
-    let (_, killer) = counting_killer(&clock);
+    let (_, killer) = Killer::counting(Arc::new(clock.clone()));
     let vvm = Vvm::provide(cfg, store.clone(), services)
         .with_clock_and_killer(Arc::new(clock), Arc::clone(&killer))
         .launch();
@@ -325,7 +338,7 @@ async fn shutdown_while_an_acquisition_hangs_ends_and_cleans_up_the_write() {
     let t = Instant::now();
     assert_eq!(shut(vvm).await, None);
     assert_eq!(Instant::now(), t, "no wait for the hung insert");
-    assert!(journal.first("a start begin").is_none());
+    assert!(journal.first("a", &Event::StartBegin).is_none());
     // The insert may have landed on a real store: cleanup deletes our record there.
     assert_eq!(store.calls_of(Op::Delete).len(), 1);
     assert_eq!(killer.deadline(), None);
@@ -342,12 +355,17 @@ async fn shutdown_during_a_slow_service_start_cuts_it_short_and_ends_in_order() 
     let h = launch_with(&mem, &journal, config("a", 1), b);
     leading(&h).await;
     sleep(Duration::from_secs(1)).await;
-    assert!(journal.first("a start begin").is_some());
+    assert!(journal.first("a", &Event::StartBegin).is_some());
     let t = Instant::now();
     assert_eq!(shut(h.vvm).await, None);
     assert_eq!(Instant::now(), t);
-    assert_order(&journal, "a start cut short", "a stop begin");
-    assert_order(&journal, "a stopped", "a Delete slot/1 -> Ok(true)");
+    assert_order(
+        &journal,
+        "a",
+        &Event::StartCutShort,
+        &Event::StopBegin { stopping: true },
+    );
+    assert_order(&journal, "a", &Event::Stopped, &succeeded(Op::Delete));
     assert_eq!(h.services.running(), 0);
     assert_eq!(h.killer.deadline(), None);
 }
@@ -367,7 +385,7 @@ async fn shutdown_during_a_slow_service_stop_waits_for_it_and_ends_in_order() {
     let killer = Arc::clone(&h.killer);
     assert_eq!(shut(h.vvm).await, None);
     assert_eq!(Instant::now() - t, Duration::from_secs(4));
-    assert_order(&journal, "a stopped", "a Delete slot/1 -> Ok(true)");
+    assert_order(&journal, "a", &Event::Stopped, &succeeded(Op::Delete));
     assert_eq!(killer.deadline(), None);
 }
 
@@ -391,7 +409,7 @@ async fn after_a_leadership_loss_the_record_stays_until_the_services_have_stoppe
         "kept until stopped"
     );
     assert_eq!(shut(h.vvm).await, Some(Problem::LeadershipLost));
-    assert_order(&journal, "a stopped", "a Delete slot/1 -> Ok(true)");
+    assert_order(&journal, "a", &Event::Stopped, &succeeded(Op::Delete));
     assert_eq!(record(&mem, 1).await, None);
 }
 
@@ -415,7 +433,7 @@ async fn shutdown_during_renewal_retries_ends_cleanly_without_a_problem() {
         cas,
         "no retry after shutdown"
     );
-    assert_order(&journal, "a stopped", "a Delete slot/1 -> Ok(true)");
+    assert_order(&journal, "a", &Event::Stopped, &succeeded(Op::Delete));
     assert_eq!(record(&mem, 1).await, None);
     assert_eq!(h.killer.deadline(), None);
 }
@@ -441,7 +459,7 @@ async fn three_slots_four_vvms_exactly_three_lead_and_the_fourth_takes_a_freed_s
     };
     assert_eq!(slots, vec![1, 2, 3]);
     assert_eq!(*d.vvm.state().borrow(), VvmState::Campaigning);
-    assert!(journal.first("d start begin").is_none());
+    assert!(journal.first("d", &Event::StartBegin).is_none());
     // Stop the holder of slot 2: d takes slot 2 as soon as its record is deleted.
     let b = hosts.remove(1);
     shut(b.vvm).await;
@@ -472,7 +490,7 @@ async fn a_release_while_the_standby_is_looking_is_not_missed() {
     store.script(Op::Get, [Fault::DelayAfter(Duration::from_secs(1))]);
     let services = RecordingServices::new("b", Behaviour::default(), &journal);
     let clock = TokioClock::new();
-    let (_, killer) = counting_killer(&clock);
+    let (_, killer) = Killer::counting(Arc::new(clock.clone()));
     let b = Vvm::provide(cfg, store, services)
         .with_clock_and_killer(Arc::new(clock), killer)
         .launch();
@@ -543,9 +561,10 @@ fn count_dir(path: &str) -> usize {
 /// Child: 1000 launch/shutdown cycles, then tasks, threads and fds are back where they were.
 #[test]
 fn no_task_thread_or_fd_outlives_a_thousand_launch_shutdown_cycles() {
-    if !common::is_child() {
-        let (out, _) =
-            common::run_child("no_task_thread_or_fd_outlives_a_thousand_launch_shutdown_cycles");
+    if !child::is_child() {
+        let (out, _) = child::run_child(
+            "vvm::no_task_thread_or_fd_outlives_a_thousand_launch_shutdown_cycles",
+        );
         assert!(
             out.status.success(),
             "{}{}",
@@ -602,7 +621,7 @@ fn no_task_thread_or_fd_outlives_a_thousand_launch_shutdown_cycles() {
 #[test]
 fn the_real_killer_ends_a_vvm_whose_services_ignore_the_stop_before_the_lease_passes_on() {
     const LEASE: Duration = Duration::from_secs(2);
-    if common::is_child() {
+    if child::is_child() {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -637,7 +656,7 @@ fn the_real_killer_ends_a_vvm_whose_services_ignore_the_stop_before_the_lease_pa
                 .unwrap();
             println!(
                 "last_success_ms={}",
-                common::unix_ms(common::wall_of(last_success))
+                child::unix_ms(child::wall_of(last_success))
             );
             // A standby polls the shared store directly.
             tokio::spawn(async move {
@@ -650,7 +669,7 @@ fn the_real_killer_ends_a_vvm_whose_services_ignore_the_stop_before_the_lease_pa
                     {
                         println!(
                             "taken_over_ms={}",
-                            common::unix_ms(std::time::SystemTime::now())
+                            child::unix_ms(std::time::SystemTime::now())
                         );
                     }
                     sleep(Duration::from_millis(10)).await;
@@ -662,8 +681,8 @@ fn the_real_killer_ends_a_vvm_whose_services_ignore_the_stop_before_the_lease_pa
         std::process::exit(0);
     }
     let name =
-        "the_real_killer_ends_a_vvm_whose_services_ignore_the_stop_before_the_lease_passes_on";
-    let (out, exited) = common::run_child(name);
+        "vvm::the_real_killer_ends_a_vvm_whose_services_ignore_the_stop_before_the_lease_passes_on";
+    let (out, exited) = child::run_child(name);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(KILLER_EXIT_CODE), "{stdout}");
     assert!(!stdout.contains("shutdown returned"), "{stdout}");
@@ -671,8 +690,8 @@ fn the_real_killer_ends_a_vvm_whose_services_ignore_the_stop_before_the_lease_pa
         !stdout.contains("taken_over_ms"),
         "the lease passed on: {stdout}"
     );
-    let last = common::reported(&out.stdout, "last_success_ms").unwrap();
-    let lived = common::unix_ms(exited) - last;
+    let last = child::reported(&out.stdout, "last_success_ms").unwrap();
+    let lived = child::unix_ms(exited) - last;
     assert!(
         lived >= 1590,
         "fired too early: {lived} ms after the last write"
@@ -692,7 +711,7 @@ async fn an_insert_applied_despite_an_error_does_not_make_the_host_wait_for_itse
     store.script(Op::Insert, [Fault::ApplyThenTransient]);
     let services = RecordingServices::new(name, Behaviour::default(), &journal);
     let clock = TokioClock::new();
-    let (_, killer) = counting_killer(&clock);
+    let (_, killer) = Killer::counting(Arc::new(clock.clone()));
     let t0 = Instant::now();
     let vvm = Vvm::provide(config(name, 1), store, services)
         .with_clock_and_killer(Arc::new(clock), Arc::clone(&killer))
@@ -718,7 +737,7 @@ async fn a_store_call_that_never_answers_does_not_hang_the_campaign() {
     store.script(Op::Insert, [Fault::Stall]);
     let services = RecordingServices::new("a", Behaviour::default(), &journal);
     let clock = TokioClock::new();
-    let (_, killer) = counting_killer(&clock);
+    let (_, killer) = Killer::counting(Arc::new(clock.clone()));
     let t0 = Instant::now();
     let vvm = Vvm::provide(config("a", 1), store, services)
         .with_clock_and_killer(Arc::new(clock), killer)

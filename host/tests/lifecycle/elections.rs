@@ -1,13 +1,9 @@
 //! Elections (SPEC §4) through the public API, on paused tokio time driving the store's clock.
-#![allow(clippy::unwrap_used)]
-
-mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::{Fault, FaultyStore, Journal, Op, counting_killer, mem_store};
 use proptest::prelude::*;
 use tokio::time::{Instant, advance, sleep};
 use vvm_host::clock::{SystemClock, Timestamp, TokioClock};
@@ -15,6 +11,10 @@ use vvm_host::elections::{ElectionError, Elections, valid_until};
 use vvm_host::killer::{KILLER_EXIT_CODE, Killer};
 use vvm_host::store::{MemStore, TtlStore};
 use vvm_host::vvm::holder_value;
+
+use crate::common::child;
+use crate::common::journal::Journal;
+use crate::common::store::{Call, Fault, FaultyStore, Op, mem_store};
 
 const L: Duration = Duration::from_secs(20);
 const KEY: &str = "slot/1";
@@ -32,7 +32,7 @@ fn fixture_on(mem: MemStore) -> Fixture {
     let journal = Journal::default();
     let store = FaultyStore::new(mem, "a", &journal);
     let clock = TokioClock::new();
-    let (fired, killer) = counting_killer(&clock);
+    let (fired, killer) = Killer::counting(Arc::new(clock.clone()));
     let elections = Elections::new(store.clone(), Arc::clone(&killer), Arc::new(clock.clone()));
     Fixture {
         clock,
@@ -54,7 +54,7 @@ fn fixture() -> Fixture {
     fixture_on(mem_store())
 }
 
-fn starts(calls: &[common::Call], t0: Instant) -> Vec<Duration> {
+fn starts(calls: &[Call], t0: Instant) -> Vec<Duration> {
     calls.iter().map(|c| c.start - t0).collect()
 }
 
@@ -76,7 +76,7 @@ async fn acquire_renews_every_quarter_lease_and_release_deletes() {
     assert_eq!(record.value, ME);
     assert_eq!(
         record.time_left,
-        L - Duration::from_secs(1),
+        L.checked_sub(Duration::from_secs(1)).unwrap(),
         "renewed at 2L"
     );
     assert!(!lead.is_lost());
@@ -418,7 +418,7 @@ async fn the_killer_keeps_the_earliest_deadline_of_several_leases() {
 
 #[test]
 fn holder_values_are_unique_per_process_run() {
-    if common::is_child() {
+    if child::is_child() {
         println!("holder={}", holder_value());
         return;
     }
@@ -429,9 +429,9 @@ fn holder_values_are_unique_per_process_run() {
     );
     assert_ne!(here, holder_value(), "two VVMs in one process differ too");
     let child = || {
-        let (out, _) = common::run_child("holder_values_are_unique_per_process_run");
+        let (out, _) = child::run_child("elections::holder_values_are_unique_per_process_run");
         assert!(out.status.success());
-        common::reported_str(&out.stdout, "holder").unwrap()
+        child::reported_str(&out.stdout, "holder").unwrap()
     };
     let (one, two) = (child(), child());
     assert_ne!(one, two);
@@ -557,7 +557,7 @@ proptest! {
 #[test]
 fn the_real_killer_ends_a_process_whose_store_stalls_before_the_record_can_expire() {
     const LEASE: Duration = Duration::from_secs(2);
-    if common::is_child() {
+    if child::is_child() {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -571,20 +571,21 @@ fn the_real_killer_ends_a_process_whose_store_stalls_before_the_record_can_expir
                 Elections::new(store.clone(), Arc::new(Killer::new(clock.clone())), clock);
             let start = std::time::SystemTime::now();
             let _lead = elections.acquire(KEY, ME, LEASE).await.unwrap().unwrap();
-            println!("acquired_ms={}", common::unix_ms(start));
+            println!("acquired_ms={}", child::unix_ms(start));
             store.stall_everything();
             sleep(Duration::from_secs(30)).await;
             println!("still alive");
         });
         std::process::exit(0);
     }
-    let name = "the_real_killer_ends_a_process_whose_store_stalls_before_the_record_can_expire";
-    let (out, exited) = common::run_child(name);
+    let name =
+        "elections::the_real_killer_ends_a_process_whose_store_stalls_before_the_record_can_expire";
+    let (out, exited) = child::run_child(name);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(KILLER_EXIT_CODE), "{stdout}");
     assert!(!stdout.contains("still alive"));
-    let acquired = common::reported(&out.stdout, "acquired_ms").unwrap();
-    let lived = common::unix_ms(exited) - acquired;
+    let acquired = child::reported(&out.stdout, "acquired_ms").unwrap();
+    let lived = child::unix_ms(exited) - acquired;
     // Fired at 0.8·L (1600 ms) after the acquisition began; the record expires at L at the
     // earliest (2000 ms, it was written after `start`).
     assert!(lived >= 1590, "fired too early: {lived} ms");
@@ -631,7 +632,7 @@ fn the_real_killer_ends_a_process_whose_stderr_is_blocked() {
     use vvm_host::clock::Clock;
 
     const DEADLINE: Duration = Duration::from_millis(300);
-    if common::is_child() {
+    if child::is_child() {
         tracing_subscriber::fmt()
             .with_writer(std::io::stderr)
             .init();
@@ -639,7 +640,7 @@ fn the_real_killer_ends_a_process_whose_stderr_is_blocked() {
         std::thread::spawn(move || {
             let _held = std::io::stderr().lock();
             locked_tx.send(()).unwrap();
-            std::thread::sleep(Duration::from_secs(3600));
+            std::thread::sleep(Duration::from_hours(1));
         });
         locked_rx.recv().unwrap();
         let clock = Arc::new(SystemClock::local());
@@ -656,10 +657,10 @@ fn the_real_killer_ends_a_process_whose_stderr_is_blocked() {
     rustix::fs::fcntl_setfl(&write_end, rustix::fs::OFlags::NONBLOCK).unwrap();
     while rustix::io::write(&write_end, &[0u8; 4096]).is_ok() {}
     rustix::fs::fcntl_setfl(&write_end, rustix::fs::OFlags::empty()).unwrap();
-    let name = "the_real_killer_ends_a_process_whose_stderr_is_blocked";
+    let name = "elections::the_real_killer_ends_a_process_whose_stderr_is_blocked";
     let child = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", name, "--nocapture", "--test-threads=1"])
-        .env(common::CHILD_ENV, "1")
+        .env(child::CHILD_ENV, "1")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::from(write_end))
         .spawn()
@@ -670,7 +671,7 @@ fn the_real_killer_ends_a_process_whose_stderr_is_blocked() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(KILLER_EXIT_CODE), "{stdout}");
     assert!(!stdout.contains("still alive"));
-    let deadline = common::reported(&out.stdout, "deadline_ns").unwrap();
+    let deadline = child::reported(&out.stdout, "deadline_ns").unwrap();
     let late = Duration::from_nanos(
         u64::try_from(ended.since_boot.as_nanos().saturating_sub(deadline)).unwrap(),
     );

@@ -1,60 +1,16 @@
-//! Test doubles shared by the lifecycle suites: a fault-injecting store over [`MemStore`], a
-//! recording [`Services`], one journal that orders what both did, and child-process helpers.
-#![allow(dead_code, clippy::unwrap_used)]
+//! A fault-injecting store over a shared [`MemStore`]: scripted outcomes per operation, stalls,
+//! and a record of every call.
 
 use std::collections::{HashMap, VecDeque};
-use std::process::{Command, Output};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::time::{Instant, sleep};
 use vvm_host::clock::TokioClock;
-use vvm_host::killer::Killer;
-use vvm_host::services::{RunningServices, ServiceContext, ServiceError, Services};
 use vvm_host::store::{Fence, FencedKv, MemStore, Record, StoreError, Term, TtlStore};
 
-/// Every event of one test, in the order it happened, with its (tokio) time.
-#[derive(Clone, Default)]
-pub struct Journal(Arc<Mutex<Vec<(Instant, String)>>>);
-
-impl Journal {
-    pub fn push(&self, what: impl Into<String>) {
-        self.0.lock().unwrap().push((Instant::now(), what.into()));
-    }
-
-    pub fn events(&self) -> Vec<(Instant, String)> {
-        self.0.lock().unwrap().clone()
-    }
-
-    /// Index of the first event containing `needle`.
-    pub fn first(&self, needle: &str) -> Option<usize> {
-        self.events().iter().position(|(_, e)| e.contains(needle))
-    }
-
-    /// Index of the last event containing `needle`.
-    pub fn last(&self, needle: &str) -> Option<usize> {
-        self.events().iter().rposition(|(_, e)| e.contains(needle))
-    }
-
-    /// Time of the first event containing `needle`.
-    pub fn time_of(&self, needle: &str) -> Option<Instant> {
-        self.events()
-            .into_iter()
-            .find(|(_, e)| e.contains(needle))
-            .map(|(t, _)| t)
-    }
-
-    pub fn dump(&self) -> String {
-        let events = self.events();
-        let t0 = events.first().map(|(t, _)| *t);
-        events
-            .iter()
-            .map(|(t, e)| format!("{:>10.3?} {e}\n", t0.map(|t0| *t - t0).unwrap_or_default()))
-            .collect()
-    }
-}
+use super::journal::{Event, Journal};
 
 /// A store made of a [`MemStore`] on a [`TokioClock`], so paused tokio time moves store expiry
 /// and the elections' timers together.
@@ -80,8 +36,6 @@ pub enum Fault {
     Answer(bool),
     /// A transient error.
     Transient,
-    /// A permanent error.
-    Permanent,
     /// Never answer.
     Stall,
     /// Wait, then pass (the write lands late).
@@ -216,7 +170,6 @@ impl FaultyStore {
             Fault::Pass => pass.await,
             Fault::Answer(a) => Ok(answer(a)),
             Fault::Transient => Err(transient()),
-            Fault::Permanent => Err(StoreError::permanent("double", "scripted permanent error")),
             Fault::Stall => std::future::pending().await,
             Fault::DelayBefore(d) => {
                 sleep(d).await;
@@ -242,8 +195,12 @@ impl FaultyStore {
             calls[index].end = Some(Instant::now());
             calls[index].result = Some(shown);
         }
-        self.journal
-            .push(format!("{} {op:?} {key} -> {shown:?}", self.name));
+        let event = Event::Store {
+            op,
+            key: key.to_owned(),
+            result: shown,
+        };
+        self.journal.push(&self.name, event);
         result
     }
 }
@@ -326,168 +283,4 @@ impl FencedKv for FaultyStore {
     ) -> Result<bool, StoreError> {
         self.inner.kv_set(fence, space, key, value).await
     }
-}
-
-/// How the services double behaves.
-#[derive(Clone, Debug, Default)]
-pub struct Behaviour {
-    /// Starting takes this long (cut short when `stopping` fires).
-    pub slow_start: Duration,
-    /// Stopping takes this long.
-    pub slow_stop: Duration,
-    /// `stop` never returns: a guest that ignores the request and is never dropped.
-    pub ignore_stop: bool,
-    /// Starting fails with this reason.
-    pub fail_start: Option<String>,
-    /// Starting panics (a bug in the services' code) once they have started.
-    pub panic_start: bool,
-}
-
-/// A [`Services`] that records start and stop in the journal and counts running sets.
-pub struct RecordingServices {
-    name: String,
-    behaviour: Behaviour,
-    journal: Journal,
-    running: Arc<AtomicUsize>,
-    /// The contexts of every start, to look at the lease and `stopping`.
-    pub contexts: Mutex<Vec<ServiceContext>>,
-}
-
-impl RecordingServices {
-    pub fn new(name: &str, behaviour: Behaviour, journal: &Journal) -> Arc<Self> {
-        Arc::new(Self {
-            name: name.to_owned(),
-            behaviour,
-            journal: journal.clone(),
-            running: Arc::default(),
-            contexts: Mutex::default(),
-        })
-    }
-
-    /// How many started sets have not finished stopping.
-    pub fn running(&self) -> usize {
-        self.running.load(Ordering::SeqCst)
-    }
-
-    pub fn last_context(&self) -> Option<ServiceContext> {
-        self.contexts.lock().unwrap().last().cloned()
-    }
-}
-
-#[async_trait]
-impl Services for RecordingServices {
-    async fn start(&self, ctx: ServiceContext) -> Result<Box<dyn RunningServices>, ServiceError> {
-        self.journal.push(format!(
-            "{} start begin slot={} term={}",
-            self.name, ctx.lease.slot, ctx.lease.term
-        ));
-        self.contexts.lock().unwrap().push(ctx.clone());
-        if let Some(reason) = &self.behaviour.fail_start {
-            self.journal.push(format!("{} start failed", self.name));
-            return Err(ServiceError::Start {
-                name: "double".into(),
-                reason: reason.clone(),
-            });
-        }
-        tokio::select! {
-            () = sleep(self.behaviour.slow_start) => {
-                self.journal.push(format!("{} started", self.name));
-            }
-            () = ctx.stopping.cancelled() => {
-                self.journal.push(format!("{} start cut short", self.name));
-            }
-        }
-        self.running.fetch_add(1, Ordering::SeqCst);
-        assert!(!self.behaviour.panic_start, "{} start panics", self.name);
-        Ok(Box::new(Running {
-            name: self.name.clone(),
-            behaviour: self.behaviour.clone(),
-            journal: self.journal.clone(),
-            running: Arc::clone(&self.running),
-            stopping_was_signalled: ctx.stopping,
-        }))
-    }
-}
-
-struct Running {
-    name: String,
-    behaviour: Behaviour,
-    journal: Journal,
-    running: Arc<AtomicUsize>,
-    stopping_was_signalled: tokio_util::sync::CancellationToken,
-}
-
-#[async_trait]
-impl RunningServices for Running {
-    async fn stop(self: Box<Self>) {
-        self.journal.push(format!(
-            "{} stop begin stopping={}",
-            self.name,
-            self.stopping_was_signalled.is_cancelled()
-        ));
-        if self.behaviour.ignore_stop {
-            self.journal.push(format!("{} ignores stop", self.name));
-            std::future::pending::<()>().await;
-        }
-        sleep(self.behaviour.slow_stop).await;
-        self.running.fetch_sub(1, Ordering::SeqCst);
-        self.journal.push(format!("{} stopped", self.name));
-    }
-}
-
-/// A killer on `clock` whose action counts instead of exiting.
-pub fn counting_killer(clock: &TokioClock) -> (Arc<AtomicUsize>, Arc<Killer>) {
-    let fired = Arc::new(AtomicUsize::new(0));
-    let action = {
-        let fired = Arc::clone(&fired);
-        Arc::new(move |_| {
-            fired.fetch_add(1, Ordering::SeqCst);
-        })
-    };
-    (
-        fired,
-        Arc::new(Killer::with_action(Arc::new(clock.clone()), action)),
-    )
-}
-
-/// The environment variable that tells a re-executed test binary to run a child's part.
-pub const CHILD_ENV: &str = "VVM_LIFECYCLE_CHILD";
-
-/// True in the child process started by [`run_child`].
-pub fn is_child() -> bool {
-    std::env::var_os(CHILD_ENV).is_some()
-}
-
-/// Re-runs this test binary with only `test` (exact name), as a child with [`CHILD_ENV`] set.
-/// Returns its output and the wall-clock moment its exit was seen.
-pub fn run_child(test: &str) -> (Output, std::time::SystemTime) {
-    let output = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, "1")
-        .output()
-        .unwrap();
-    (output, std::time::SystemTime::now())
-}
-
-/// Milliseconds since the Unix epoch of a wall-clock moment (shared by parent and child).
-pub fn unix_ms(t: std::time::SystemTime) -> u128 {
-    t.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()
-}
-
-/// The wall-clock moment of a tokio instant in the past (real time, not paused).
-pub fn wall_of(at: Instant) -> std::time::SystemTime {
-    std::time::SystemTime::now() - at.elapsed()
-}
-
-/// The word after `name=` in `stdout` (libtest may print it mid-line).
-pub fn reported_str(stdout: &[u8], name: &str) -> Option<String> {
-    let text = String::from_utf8_lossy(stdout);
-    let prefix = format!("{name}=");
-    let at = text.find(&prefix)? + prefix.len();
-    text[at..].split_whitespace().next().map(str::to_owned)
-}
-
-/// The number after `name=` in `stdout`.
-pub fn reported(stdout: &[u8], name: &str) -> Option<u128> {
-    reported_str(stdout, name)?.parse().ok()
 }

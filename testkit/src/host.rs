@@ -1,4 +1,7 @@
-//! Spawning real `vvm-host` processes and reading their log lines.
+//! Real `vvm-host` processes and their log lines.
+//!
+//! `bin` is always the caller's `env!("CARGO_BIN_EXE_vvm-host")`: cargo builds the binary for
+//! the test or bench target that asks for it, in that target's profile.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -6,15 +9,15 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_vvm-host");
-
 /// How long any single wait may take before the test fails; generous, never hit when green.
-pub const PATIENCE: Duration = Duration::from_secs(60);
+pub const PATIENCE: Duration = Duration::from_mins(1);
 
 /// One stderr line of a host, with when it was read.
 #[derive(Clone, Debug)]
 pub struct Line {
+    /// When the line was read from the host's stderr.
     pub at: Instant,
+    /// The line, without its newline.
     pub text: String,
 }
 
@@ -26,20 +29,22 @@ struct Log {
 
 /// A running `vvm-host` child process.
 pub struct Host {
+    /// The host's name in failure messages.
     pub name: &'static str,
     child: Child,
     log: Arc<(Mutex<Log>, Condvar)>,
 }
 
 impl Host {
-    /// Starts `vvm-host <args>` in `dir` with JSON logs filtered by `rust_log` (`RUST_LOG`).
-    pub fn start(name: &'static str, dir: &Path, args: &[&str], rust_log: &str) -> Host {
-        Self::start_in(None, name, dir, args, rust_log)
+    /// Starts `bin <args>` in `dir` with JSON logs filtered by `rust_log` (`RUST_LOG`).
+    pub fn start(bin: &str, name: &'static str, dir: &Path, args: &[&str], rust_log: &str) -> Host {
+        Self::start_in(bin, None, name, dir, args, rust_log)
     }
 
     /// Like [`Host::start`], inside the network namespace `netns` if one is given (through
     /// `ip netns exec`, which execs: the pid is vvm-host's).
     pub fn start_in(
+        bin: &str,
         netns: Option<&str>,
         name: &'static str,
         dir: &Path,
@@ -49,10 +54,10 @@ impl Host {
         let mut command = match netns {
             Some(ns) => {
                 let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns, BIN]);
+                c.args(["netns", "exec", ns, bin]);
                 c
             }
-            None => Command::new(BIN),
+            None => Command::new(bin),
         };
         let mut child = command
             .args(args)
@@ -90,6 +95,7 @@ impl Host {
         Host { name, child, log }
     }
 
+    /// The process id.
     pub fn pid(&self) -> i32 {
         i32::try_from(self.child.id()).unwrap()
     }
@@ -135,6 +141,7 @@ impl Host {
         self.log.0.lock().unwrap().lines.len()
     }
 
+    /// Sends `signal` to the process.
     pub fn signal(&self, signal: rustix::process::Signal) {
         let pid = rustix::process::Pid::from_raw(self.pid()).unwrap();
         rustix::process::kill_process(pid, signal).unwrap();
@@ -164,6 +171,38 @@ impl Host {
             std::thread::sleep(Duration::from_millis(5));
         }
     }
+}
+
+/// A directory with `services/rust-ticker.wasm`, shared by the hosts of a test.
+pub fn cluster_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let services = dir.path().join("services");
+    std::fs::create_dir(&services).expect("services dir");
+    std::fs::copy(
+        crate::guests::guest("rust-ticker"),
+        services.join("rust-ticker.wasm"),
+    )
+    .expect("copy the ticker");
+    dir
+}
+
+/// `bin serve` in `dir` on `store` with the given lease, a grace period of 2 s and its own
+/// compile cache (`cache-<name>` in `dir`: warm when a later host reuses the name). Renewals
+/// are logged (`renewed`, at debug level), so a test can tell when a lease was last written.
+pub fn serve(bin: &str, name: &'static str, dir: &Path, store: &str, lease: &str) -> Host {
+    let cache = format!("cache-{name}");
+    let args = [
+        "serve",
+        "--store",
+        store,
+        "--lease",
+        lease,
+        "--cache-dir",
+        &cache,
+        "--grace-period",
+        "2s",
+    ];
+    Host::start(bin, name, dir, &args, "info,vvm_host::elections=debug")
 }
 
 impl Drop for Host {

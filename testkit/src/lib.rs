@@ -1,0 +1,25 @@
+//! Test support of vvm-host, shared by its unit tests, integration tests, end-to-end tests and
+//! benchmarks: things outside the host that the tests start, drive and read.
+//!
+//! - [`etcd`]: a throw-away `etcd` process, or a 3-member cluster of them;
+//! - [`host`]: a running `vvm-host` process and its JSON log lines;
+//! - [`guests`]: the guest components of `guest-examples/`, built once per test binary;
+//! - [`logs`]: the tracing events of the test process, captured.
+//!
+//! # Why this crate never depends on vvm-host
+//!
+//! vvm-host lists this crate as a dev-dependency, so its own unit tests (`#[cfg(test)]` inside
+//! the library) can use it too. Were this crate to depend on vvm-host, cargo would accept the
+//! cycle but build a second copy of vvm-host for it, and the unit tests would see two sets of
+//! vvm-host types that do not mix. So nothing here names a vvm-host type: the `vvm-host`
+//! binary is driven as a process (its path is the caller's `env!("CARGO_BIN_EXE_vvm-host")`),
+//! logs are read as text. Test doubles of vvm-host's traits live with the tests that use them
+//! (`host/tests/lifecycle/common/`).
+
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
+pub mod etcd;
+pub mod guests;
+pub mod host;
+pub mod logs;
