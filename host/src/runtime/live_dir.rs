@@ -63,21 +63,23 @@ pub(crate) enum Change {
 
 impl Change {
     /// The change `kind` reports, if it is one that matters.
-    fn of(kind: &EventKind) -> Option<Self> {
+    fn of(kind: EventKind) -> Option<Self> {
         Some(match kind {
             EventKind::Access(AccessKind::Open(_)) => Self::Opened,
             EventKind::Access(AccessKind::Close(AccessMode::Write)) => Self::ClosedWrite,
             EventKind::Access(AccessKind::Close(_)) => Self::ClosedRead,
-            EventKind::Create(_) | EventKind::Modify(ModifyKind::Data(_)) => Self::Written,
             EventKind::Modify(ModifyKind::Metadata(_)) => Self::Attributes,
             EventKind::Modify(ModifyKind::Name(RenameMode::To)) => Self::RenamedTo,
             EventKind::Modify(ModifyKind::Name(RenameMode::From)) | EventKind::Remove(_) => {
                 Self::Gone
             }
-            // `Both` repeats the `From` and `To` events before it.
-            EventKind::Modify(ModifyKind::Name(RenameMode::Both)) => return None,
-            EventKind::Modify(_) => Self::Written,
-            EventKind::Access(_) | EventKind::Any | EventKind::Other => return None,
+            // `Both` repeats the `From` and `To` events before it; reads are no change.
+            EventKind::Modify(ModifyKind::Name(RenameMode::Both))
+            | EventKind::Access(_)
+            | EventKind::Any
+            | EventKind::Other => return None,
+            // Created, written, or a change notify cannot tell more about.
+            EventKind::Create(_) | EventKind::Modify(_) => Self::Written,
         })
     }
 }
@@ -150,7 +152,11 @@ impl Debouncer {
     }
 
     /// Looks at every file (a rescan: at start, or after the event queue overflowed).
-    pub(crate) fn note_all<'a>(&mut self, names: impl IntoIterator<Item = &'a str>, now: Timestamp) {
+    pub(crate) fn note_all<'a>(
+        &mut self,
+        names: impl IntoIterator<Item = &'a str>,
+        now: Timestamp,
+    ) {
         for name in names {
             let file = self.files.entry(name.to_owned()).or_default();
             file.open = 0;
@@ -189,8 +195,7 @@ impl Debouncer {
             file.changed = None;
             due.push(name.clone());
         }
-        self.files
-            .retain(|_, f| f.open > 0 || f.changed.is_some());
+        self.files.retain(|_, f| f.open > 0 || f.changed.is_some());
         due
     }
 
@@ -230,10 +235,13 @@ impl LiveDir {
     ///
     /// # Errors
     /// When the directory cannot be watched or the thread cannot be started.
+    /// `rejected` holds the versions of files already rejected (by the first load), by name:
+    /// looking at them again says nothing new.
     pub(crate) fn start(
         rt: Arc<Runtime>,
         linker: Linker<Host>,
         catalogue: Arc<watch::Sender<Catalogue>>,
+        rejected: BTreeMap<String, String>,
     ) -> Result<Self, RuntimeError> {
         let dir = rt.config.services_dir.clone();
         let watch_err = |source: notify::Error| RuntimeError::Watch {
@@ -256,6 +264,7 @@ impl LiveDir {
             rt,
             linker,
             catalogue,
+            rejected,
             stop: Arc::clone(&stop),
             clock: SystemClock::local(),
         };
@@ -294,6 +303,8 @@ struct Follower {
     rt: Arc<Runtime>,
     linker: Linker<Host>,
     catalogue: Arc<watch::Sender<Catalogue>>,
+    /// The version of each file last rejected, by service name.
+    rejected: BTreeMap<String, String>,
     stop: Arc<AtomicBool>,
     clock: SystemClock,
 }
@@ -340,7 +351,7 @@ impl Follower {
             self.rescan(debouncer);
             return;
         }
-        let Some(change) = Change::of(&event.kind) else {
+        let Some(change) = Change::of(event.kind) else {
             return;
         };
         let now = self.clock.now();
@@ -362,7 +373,7 @@ impl Follower {
     }
 
     /// Brings service `name` in the catalogue in line with its file.
-    fn settle(&self, name: &str) {
+    fn settle(&mut self, name: &str) {
         let path = self.dir.join(format!("{name}.wasm"));
         let current = self.catalogue.borrow().get(name).cloned();
         let bytes = if path.is_file() {
@@ -371,19 +382,21 @@ impl Follower {
             None
         };
         let Some(bytes) = bytes else {
+            self.rejected.remove(name);
             if let Some(old) = current {
+                // Logged first: the leader's services follow the catalogue at once.
+                tracing::info!(service = name, version = old.version, "service removed");
                 self.catalogue.send_modify(|c| {
                     c.remove(name);
                 });
-                tracing::info!(service = name, version = old.version, "service removed");
             }
             return;
         };
-        if current
-            .as_ref()
-            .is_some_and(|old| old.version == version_of(&bytes))
+        let version = version_of(&bytes);
+        if current.as_ref().is_some_and(|old| old.version == version)
+            || self.rejected.get(name) == Some(&version)
         {
-            tracing::debug!(service = name, "service file unchanged");
+            tracing::debug!(service = name, version, "service file unchanged");
             return;
         }
         let size = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
@@ -402,10 +415,9 @@ impl Follower {
         let compiled = compiler.stats.compiled > 0;
         match loaded {
             Ok(loaded) => {
+                self.rejected.remove(name);
                 let version = loaded.version.clone();
-                self.catalogue.send_modify(|c| {
-                    c.insert(name.to_owned(), Arc::new(loaded));
-                });
+                // Logged first: the leader's services follow the catalogue at once.
                 match current {
                     Some(old) => tracing::info!(
                         service = name,
@@ -416,20 +428,31 @@ impl Follower {
                         "service replaced"
                     ),
                     None => {
-                        tracing::info!(service = name, version, compiled, duration_ms, "service added");
+                        tracing::info!(
+                            service = name,
+                            version,
+                            compiled,
+                            duration_ms,
+                            "service added"
+                        );
                     }
                 }
+                self.catalogue.send_modify(|c| {
+                    c.insert(name.to_owned(), Arc::new(loaded));
+                });
             }
-            Err(e) => match current {
-                Some(old) => tracing::error!(
+            Err(e) => {
+                self.rejected.insert(name.to_owned(), version);
+                // The error names the file and the reason; the old version, if any, runs on.
+                let running = current.as_ref().map(|old| old.version.as_str());
+                tracing::error!(
                     service = name,
                     file = %path.display(),
                     error = %e,
-                    running = old.version,
-                    "service rejected; the running version stays"
-                ),
-                None => tracing::error!(service = name, file = %path.display(), error = %e, "service rejected"),
-            },
+                    running,
+                    "service rejected"
+                );
+            }
         }
     }
 }
@@ -500,7 +523,10 @@ mod tests {
         let mut d = Debouncer::default();
         d.note("svc", Change::Written, at(&clock, 0));
         assert!(d.due(at(&clock, 999), |_| Some((1, None))).is_empty());
-        assert!(d.due(at(&clock, 1000), |_| Some((1, None))).is_empty(), "first look");
+        assert!(
+            d.due(at(&clock, 1000), |_| Some((1, None))).is_empty(),
+            "first look"
+        );
         assert!(d.due(at(&clock, 1999), |_| Some((1, None))).is_empty());
         assert!(
             d.due(at(&clock, 2000), |_| Some((2, None))).is_empty(),
@@ -565,7 +591,7 @@ mod tests {
             (EventKind::Other, None),
         ];
         for (kind, change) in cases {
-            assert_eq!(Change::of(&kind), change, "{kind:?}");
+            assert_eq!(Change::of(kind), change, "{kind:?}");
         }
     }
 }

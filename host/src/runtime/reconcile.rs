@@ -120,8 +120,10 @@ impl Reconciler {
     /// Tells the services `names` to stop, waits out their grace period, then drops every
     /// instance still there.
     async fn stop(&mut self, names: &[String]) {
-        let mut stopping: Vec<Supervised> =
-            names.iter().filter_map(|n| self.running.remove(n)).collect();
+        let mut stopping: Vec<Supervised> = names
+            .iter()
+            .filter_map(|n| self.running.remove(n))
+            .collect();
         if stopping.is_empty() {
             return;
         }

@@ -1,7 +1,7 @@
 //! [`WasmServices`]: the Wasm components of a services directory as the lifecycle's
 //! [`Services`] (SPEC §5 step 3, §6), and `check` for `vvm-host check DIR`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
@@ -29,6 +29,8 @@ pub struct WasmServices {
     stats: LoadStats,
     /// Follows the directory once started; dropped (and its thread joined) with `self`.
     live: Mutex<Option<LiveDir>>,
+    /// The version of each file the load rejected, by service name.
+    rejected: BTreeMap<String, String>,
 }
 
 impl WasmServices {
@@ -53,6 +55,7 @@ impl WasmServices {
             stats: LoadStats::default(),
         };
         let mut services = Catalogue::new();
+        let mut rejected = BTreeMap::new();
         let mut errors = Vec::new();
         let progress = Progress::new(files.len());
         for path in files {
@@ -66,6 +69,11 @@ impl WasmServices {
                     services.insert(loaded.name.clone(), Arc::new(loaded));
                 }
                 Err(e) => {
+                    if let (Some(name), Ok(bytes)) =
+                        (component::service_name(&path), std::fs::read(&path))
+                    {
+                        rejected.insert(name, component::version_of(&bytes));
+                    }
                     let duration_ms = step.elapsed_ms();
                     progress
                         .suspend(|| tracing::error!(error = %e, duration_ms, "service rejected"));
@@ -91,6 +99,7 @@ impl WasmServices {
                 catalogue: Arc::new(watch::channel(services).0),
                 stats,
                 live: Mutex::new(None),
+                rejected,
             },
             errors,
         ))
@@ -109,6 +118,7 @@ impl WasmServices {
                 Arc::clone(&self.rt),
                 self.linker.clone(),
                 Arc::clone(&self.catalogue),
+                self.rejected.clone(),
             )?);
         }
         Ok(())
