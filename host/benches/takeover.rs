@@ -6,11 +6,19 @@
 //! cache; gaps are measured from log timestamps (one wall clock, one machine):
 //! - graceful: from sending SIGTERM to the leader to the standby's first guest output line;
 //! - SIGKILL: from the kill to the standby's first guest output, next to the lease time the
-//!   killed leader's record had left (its last write + L − the kill).
+//!   killed leader's record had left (its last write + L − the kill), at the default L = 20 s
+//!   (the crash lock lets the standby go on at once);
+//! - `etcdctl elect` (the peer to beat): two `etcdctl elect` processes on the same etcd, from
+//!   SIGINT to the leader (on which it resigns) to the standby printing its proposal (read
+//!   from its stdout).
 //!
-//! Prints median, p90 and min of each, then the graceful takeover split into its steps.
+//! Prints median, p90 and min of each, the vvm-host / `etcdctl elect` ratios of the medians,
+//! then the graceful takeover split into its steps.
 
+use std::io::{BufRead, BufReader};
 use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime};
 
 use rustix::process::Signal;
@@ -26,8 +34,8 @@ const RUNS: usize = 15;
 const OPS: usize = 300;
 /// How long a new standby may settle into waiting before the leader is stopped.
 const SETTLE: Duration = Duration::from_millis(150);
-/// Lease of the SIGKILL runs on redb (redb leases need not be whole seconds).
-const KILL_LEASE: Duration = Duration::from_secs(1);
+/// Lease of the SIGKILL runs on redb: the default, so waiting it out would cost up to 20 s.
+const KILL_LEASE: Duration = Duration::from_secs(20);
 
 /// The steps of a graceful takeover, each found by (host, message, target) in the logs.
 const STEPS: [(Role, &str, &str); 7] = [
@@ -56,6 +64,7 @@ fn main() {
         .as_deref()
         .map(|url| graceful(etcd_dir.path(), url, "2s"));
     let killed = sigkill_redb(cluster_dir().path());
+    let etcdctl = etcd.as_ref().and_then(|e| etcdctl_elect(&e.endpoint()));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -71,6 +80,10 @@ fn main() {
     match &graceful_etcd {
         Some(runs) => row("graceful takeover, etcd (L 2 s)", gaps(runs)),
         None => println!("graceful takeover, etcd: skipped (no etcd)"),
+    }
+    match &etcdctl {
+        Some(runs) => row("graceful takeover, etcdctl elect", runs.clone()),
+        None => println!("graceful takeover, etcdctl elect: skipped (no etcd or etcdctl)"),
     }
     let lease_ms = KILL_LEASE.as_millis();
     row(
@@ -90,6 +103,24 @@ fn main() {
     );
     for (name, samples) in ops {
         row(&name, samples);
+    }
+
+    if let Some(peer) = &etcdctl {
+        let peer = median(peer.clone());
+        println!(
+            "\nratio of medians to `etcdctl elect` ({:.3} ms) in this run",
+            ms(peer)
+        );
+        let ratio = |name: &str, ours: Vec<Duration>, target: &str| {
+            println!(
+                "{name:<40} {:>8.2}x   (target {target})",
+                median(ours).as_secs_f64() / peer.as_secs_f64()
+            );
+        };
+        ratio("graceful takeover, redb", gaps(&graceful_redb), "<= 0.5x");
+        if let Some(runs) = &graceful_etcd {
+            ratio("graceful takeover, etcd", gaps(runs), "<= 1.0x");
+        }
     }
 
     println!("\ngraceful takeover by step: median ms after SIGTERM to the leader");
@@ -180,8 +211,8 @@ fn sigkill_redb(dir: &Path) -> Vec<Killed> {
         let name = if i % 2 == 0 { "b" } else { "a" };
         let standby = serve(name, dir, "vvm.redb", &lease);
         standby.wait_for(&["campaigning"]);
-        // Spread the kills over the renewal period (L/4).
-        let phase = KILL_LEASE / 4 * u32::try_from(i % 5).unwrap_or(0) / 5;
+        // Spread the kills over a while (the renewal period, L/4, is too long to wait).
+        let phase = Duration::from_millis(100) * u32::try_from(i % 5).unwrap_or(0);
         std::thread::sleep(SETTLE + phase);
         let from_standby = standby.mark();
         let sent = SystemTime::now();
@@ -204,6 +235,64 @@ fn sigkill_redb(dir: &Path) -> Vec<Killed> {
     leader.signal(Signal::TERM);
     leader.wait_exit();
     runs
+}
+
+/// Hands an `etcdctl elect` leadership back and forth `RUNS + 1` times on the etcd at
+/// `endpoint`: the gap from SIGINT to the leader until the standby prints its proposal.
+/// `None` without `etcdctl` on PATH.
+fn etcdctl_elect(endpoint: &str) -> Option<Vec<Duration>> {
+    let elect = |value: &str| -> Option<(Child, mpsc::Receiver<(Instant, String)>)> {
+        let mut child = Command::new("etcdctl")
+            .args(["--endpoints", endpoint, "elect", "vvm-bench", value])
+            .env("ETCDCTL_API", "3")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        let stdout = child.stdout.take()?;
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send((Instant::now(), line)).is_err() {
+                    return;
+                }
+            }
+        });
+        Some((child, rx))
+    };
+    // It prints the proposal's key, then its value: the value line means elected.
+    let elected = |rx: &mpsc::Receiver<(Instant, String)>, value: &str| loop {
+        let (at, line) = rx
+            .recv_timeout(Duration::from_mins(1))
+            .expect("etcdctl elect did not win");
+        if line == value {
+            return at;
+        }
+    };
+    let (mut leader, mut leader_rx) = elect("a")?;
+    elected(&leader_rx, "a");
+    let mut runs = Vec::new();
+    for i in 0..=RUNS {
+        let value = if i % 2 == 0 { "b" } else { "a" };
+        let (standby, standby_rx) = elect(value)?;
+        std::thread::sleep(SETTLE);
+        let pid = rustix::process::Pid::from_raw(i32::try_from(leader.id()).ok()?)?;
+        let sent = Instant::now();
+        // SIGINT: etcdctl resigns on it; SIGTERM would end it without a word, leaving its
+        // session to expire.
+        rustix::process::kill_process(pid, Signal::INT).ok()?;
+        let won = elected(&standby_rx, value);
+        let _ = leader.wait();
+        drop(leader_rx);
+        if i > 0 {
+            runs.push(won.duration_since(sent));
+        }
+        (leader, leader_rx) = (standby, standby_rx);
+    }
+    let _ = leader.kill();
+    let _ = leader.wait();
+    Some(runs)
 }
 
 /// Acquire (`insert_if_absent`) and renew (`compare_and_swap`) on redb and, when available,
@@ -298,6 +387,11 @@ fn header(first: &str) {
         "{first:<40} {:>6} {:>10} {:>10} {:>10}",
         "runs", "median", "p90", "min"
     );
+}
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
 }
 
 /// Prints median, p90 and min of `samples`, in milliseconds.

@@ -9,6 +9,7 @@
 //! - [`lease_value`]: a lease record's value: the holder and the services running under it.
 //! - [`problem`]: the problem signal: a running VVM's first fatal error, reported once.
 //! - [`services`]: what the lifecycle starts once a slot is held (the seam to the runtime).
+//! - [`holder_lock`]: the crash lock: a standby learns from the kernel that a holder is gone.
 //! - [`vvm`]: the lifecycle: provide, launch, leadership monitor, ordered shutdown.
 //! - [`runtime`]: the wasmtime host: components, sandboxes, fencing, supervision.
 //! - [`serve`]: the serve loop: lead, stand by, campaign again after a problem, until stopped.
@@ -20,6 +21,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod elections;
+pub mod holder_lock;
 pub mod killer;
 pub mod lease_value;
 pub mod ops;

@@ -17,6 +17,7 @@ use tokio::sync::mpsc;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::{ConfigError, Settings};
+use crate::holder_lock::HolderLockDir;
 use crate::problem::Problem;
 use crate::runtime::{RuntimeConfig, WasmServices};
 use crate::services::Services;
@@ -65,6 +66,7 @@ pub async fn serve_until_reloading(
             }
         }
     }));
+    let holder_locks = holder_locks(&settings.store);
     tracing::info!(
         store = settings.store,
         services = %settings.services.display(),
@@ -83,7 +85,9 @@ pub async fn serve_until_reloading(
             // record can never remove this one's.
             holder: holder_value(),
         };
-        let vvm = Vvm::provide(config, store.shared(), Arc::clone(&services)).launch();
+        let vvm = Vvm::provide(config, store.shared(), Arc::clone(&services))
+            .with_holder_locks(holder_locks.clone())
+            .launch();
         let launched = tokio::time::Instant::now();
         let problem = tokio::select! {
             () = &mut shutdown => {
@@ -168,6 +172,21 @@ impl LocalBackoff {
         self.in_a_row = self.in_a_row.saturating_add(1);
         Some(pause)
     }
+}
+
+/// The crash lock's directory beside a redb store (`<store>.holders`), so that a standby on
+/// this machine takes over from a killed leader at once. None for etcd, or when the directory
+/// cannot be used (standbys then wait out a dead leader's lease).
+fn holder_locks(store: &str) -> Option<Arc<HolderLockDir>> {
+    if store.starts_with("etcd://") {
+        return None;
+    }
+    HolderLockDir::open(HolderLockDir::beside(std::path::Path::new(store)))
+        .inspect_err(|e| {
+            tracing::warn!(error = %e, "no crash lock: after a crash standbys wait out the lease");
+        })
+        .ok()
+        .map(Arc::new)
 }
 
 /// Compiles (or loads from cache) every service before campaigning, then follows the

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::{Clock, SystemClock};
 use crate::elections::{ElectionError, Elections, Leadership, retry_pause};
+use crate::holder_lock::{DeadHolders, HolderLockDir};
 use crate::killer::Killer;
 use crate::lease_value;
 use crate::problem::{Problem, ProblemReporter};
@@ -94,6 +95,7 @@ pub struct Vvm {
     services: Arc<dyn Services>,
     killer: Arc<Killer>,
     clock: Arc<dyn Clock>,
+    holder_locks: Option<Arc<HolderLockDir>>,
 }
 
 impl Vvm {
@@ -107,7 +109,18 @@ impl Vvm {
             services,
             killer: Arc::new(Killer::new(Arc::clone(&clock))),
             clock,
+            holder_locks: None,
         }
+    }
+
+    /// Takes this VVM's holder lock in `dir` before it campaigns, and keeps it until its
+    /// shutdown sequence has ended; while campaigning, waits on the locks of the holders it
+    /// finds there, and deletes a holder's record as soon as its lock is free (the crash lock,
+    /// see [`crate::holder_lock`]). `None`: wait out the lease of every holder.
+    #[must_use]
+    pub fn with_holder_locks(mut self, dir: Option<Arc<HolderLockDir>>) -> Self {
+        self.holder_locks = dir;
+        self
     }
 
     /// Replaces the clock of the lease deadlines and the killer (tests follow tokio's paused
@@ -133,6 +146,16 @@ impl Vvm {
             Arc::clone(&self.clock),
         );
         let killer = Arc::clone(&self.killer);
+        // Before any record can carry our holder value: a standby that finds the value in a
+        // record also finds our lock held. Without it standbys wait out our lease.
+        let holder_lock = self.holder_locks.as_ref().and_then(|dir| {
+            dir.lock(&self.config.holder)
+                .inspect_err(|e| {
+                    tracing::warn!(dir = %dir.path().display(), error = %e,
+                        "no holder lock: after a crash standbys wait out the lease");
+                })
+                .ok()
+        });
         let run = tokio::spawn(
             Launcher {
                 vvm: self,
@@ -148,7 +171,13 @@ impl Vvm {
         let launcher = tokio::spawn({
             let problems = problems.clone();
             async move {
-                let Err(e) = run.await else { return };
+                let Err(e) = run.await else {
+                    // The shutdown sequence has ended: no guest of ours can act any more.
+                    if let Some(lock) = holder_lock {
+                        lock.release();
+                    }
+                    return;
+                };
                 let message = match e.try_into_panic() {
                     Ok(panic) => panic
                         .downcast_ref::<&str>()
@@ -164,6 +193,9 @@ impl Vvm {
                 elections.cleanup().await;
                 killer.disarm();
                 crate::ops::Ops::global().stepped_down();
+                if let Some(lock) = holder_lock {
+                    lock.release();
+                }
                 state_tx.send_replace(VvmState::ShutDown);
             }
         });
@@ -332,6 +364,37 @@ impl Launcher {
         tracing::info!("shut down");
     }
 
+    /// Deletes the record with `value` at `key`, whose holder's process is gone (its crash
+    /// lock is free). By the exact value only (fencing, SPEC §4): a record rewritten since by
+    /// anyone else stays. Whether it was deleted, or `None` if the store call failed.
+    async fn delete_dead_holder(
+        &self,
+        key: &str,
+        value: &str,
+        dead: &mut DeadHolders,
+    ) -> Option<bool> {
+        let lease = self.vvm.config.lease;
+        let holder = lease_value::holder(value);
+        let delete = self.vvm.store.compare_and_delete(key, value);
+        match within_quarter_lease(lease, "compare_and_delete", key, delete).await {
+            Ok(deleted) => {
+                tracing::info!(
+                    key,
+                    holder,
+                    deleted,
+                    "deleting the record of a holder that is gone"
+                );
+                dead.forget(holder);
+                Some(deleted)
+            }
+            Err(e) => {
+                tracing::warn!(key, holder, error = %e,
+                    "deleting the record of a holder that is gone failed");
+                None
+            }
+        }
+    }
+
     /// Tries every slot each round until one is acquired, shutdown begins (`Ok(None)`), or
     /// the acquisition timeout passes. Between rounds it sleeps until the earliest record can
     /// expire, waking early when the store reports a release.
@@ -344,7 +407,8 @@ impl Launcher {
             holder = config.holder,
             "campaigning"
         );
-        loop {
+        let mut dead = DeadHolders::new(self.vvm.holder_locks.clone());
+        'round: loop {
             let mut wait = give_up_at.saturating_duration_since(Instant::now());
             // Listen for releases *before* looking at the slots: a release between our look
             // and our sleep would otherwise be missed, and we would sleep until its expiry.
@@ -390,9 +454,24 @@ impl Launcher {
                         }
                         wait = Duration::ZERO;
                     }
+                    // The crash lock is named by the holder; the record's value may also carry
+                    // its running services (`lease_value`), and is deleted whole.
+                    Ok(Some(record)) if dead.is_gone(lease_value::holder(&record.value)) => {
+                        match self
+                            .delete_dead_holder(&key, &record.value, &mut dead)
+                            .await
+                        {
+                            // Progress, not a spin: the slot may be free now.
+                            Some(true) => continue 'round,
+                            // Rewritten meanwhile: look again soon.
+                            Some(false) => wait = Duration::ZERO,
+                            None => wait = wait.min(retry_pause(config.lease)),
+                        }
+                    }
                     Ok(Some(record)) => {
                         seen_live = true;
                         wait = wait.min(record.time_left);
+                        dead.watch(&key, lease_value::holder(&record.value));
                     }
                     Ok(None) => wait = Duration::ZERO,
                     Err(e) => {
@@ -420,6 +499,9 @@ impl Launcher {
                 () = self.shutdown.cancelled() => return Ok(None),
                 () = &mut released, if !released_already => {}
                 () = tokio::time::sleep(wait) => {}
+                // Its process is gone: look again at once (it deleted its record itself if it shut
+                // down in order, and the insert just wins; else the round below deletes it).
+                () = dead.next() => {}
             }
         }
     }

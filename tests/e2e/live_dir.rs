@@ -362,3 +362,46 @@ fn sighup_rereads_the_configuration_and_a_bad_file_keeps_the_old_settings() {
     a.signal(Signal::TERM);
     assert!(a.wait_exit().success());
 }
+
+/// The crash lock still works once the leader's record carries its running services: a
+/// standby finds the holder's lock by the holder part of the value, and deletes the record
+/// by its whole value, well before the lease (20 s) would have let it expire.
+#[test]
+fn a_killed_leader_whose_record_lists_its_services_is_taken_over_at_once() {
+    let dir = testkit::host::cluster_dir();
+    let mut a = serve("a", dir.path(), "20s");
+    a.wait_for(&["tick 1:"]);
+    let b = serve("b", dir.path(), "20s");
+    b.wait_for(&["waiting on the holder's lock"]);
+    // A's first renewal (at L/4 = 5 s) writes its services into the record.
+    let mut listed = false;
+    for _ in 0..100 {
+        let out = Command::new(BIN)
+            .args(["status", "--json"])
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        if v["slots"][0]["services"]
+            .as_array()
+            .is_some_and(|s| !s.is_empty())
+        {
+            listed = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(listed, "the leader's renewal did not list its services");
+    a.signal(Signal::KILL);
+    a.wait_exit();
+    // Deleted by compare-and-delete, which only deletes a live record: B did not wait for
+    // A's record to expire.
+    b.wait_for(&[
+        "deleting the record of a holder that is gone",
+        "\"deleted\":true",
+    ]);
+    b.wait_for(&["rust-ticker", "tick 1:"]);
+    let mut b = b;
+    b.signal(Signal::TERM);
+    assert!(b.wait_exit().success());
+}
