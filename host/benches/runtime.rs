@@ -49,6 +49,7 @@ async fn context() -> ServiceContext {
         stopping: CancellationToken::new(),
         problems: ProblemReporter::default(),
         store: Arc::new(store),
+        running: vvm_host::lease_value::RunningReport::detached(),
     }
 }
 

@@ -85,7 +85,7 @@ pub struct FileConfig {
 }
 
 /// `[etcd]`: credentials and TLS for the etcd store.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct EtcdFileConfig {
     /// User name for etcd authentication.

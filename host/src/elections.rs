@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::{Clock, Timestamp};
 use crate::killer::Killer;
+use crate::lease_value::{self, RunningReport, RunningService};
 use crate::ops::{Ops, RenewalOutcome};
 use crate::store::{Store, StoreError, Term};
 
@@ -127,7 +128,10 @@ impl State {
 
 /// A lease this instance holds, with its renewal loop.
 struct Held {
-    value: String,
+    /// Every value the record may have now: the last one confirmed written first, then any
+    /// written since without an answer (a renewal carrying a new list of running services
+    /// that timed out, or is still in flight). All of them are ours.
+    values: Vec<String>,
     lease: Duration,
     /// Start of the last successful write + 0.8·L. Unlike the guests' deadline it is not
     /// pulled in on loss: the killer waits for it while the shutdown sequence runs.
@@ -146,6 +150,7 @@ pub struct Leadership {
     term: Term,
     lost: CancellationToken,
     deadline: LeaseDeadline,
+    running: RunningReport,
 }
 
 impl Leadership {
@@ -172,6 +177,12 @@ impl Leadership {
     /// The local lease deadline, moved by every successful renewal.
     pub fn deadline(&self) -> LeaseDeadline {
         self.deadline.clone()
+    }
+
+    /// Where the services under this lease say which of them run: the next renewal writes
+    /// it into the record ([`crate::lease_value`]).
+    pub fn running_report(&self) -> RunningReport {
+        self.running.clone()
     }
 }
 
@@ -234,6 +245,7 @@ impl Elections {
             return Ok(None);
         }
         let (deadline_tx, deadline) = LeaseDeadline::manual(Arc::clone(&self.clock), until);
+        let (running, running_rx) = RunningReport::new();
         let lost = CancellationToken::new();
         let registered = {
             let mut state = self.lock();
@@ -247,7 +259,9 @@ impl Elections {
                 let stop = CancellationToken::new();
                 let renewal = tokio::spawn(Arc::clone(self).renew(Renewal {
                     key: key.to_owned(),
+                    holder: value.to_owned(),
                     value: value.to_owned(),
+                    running: running_rx,
                     lease,
                     last_start: start,
                     deadline: deadline_tx.clone(),
@@ -255,7 +269,7 @@ impl Elections {
                     lost: lost.clone(),
                 }));
                 let held = Held {
-                    value: value.to_owned(),
+                    values: vec![value.to_owned()],
                     lease,
                     written_until: until,
                     deadline: deadline_tx,
@@ -279,6 +293,7 @@ impl Elections {
             term,
             lost,
             deadline,
+            running,
         }))
     }
 
@@ -293,7 +308,12 @@ impl Elections {
         // Whatever still runs under this lease (nothing, after an orderly shutdown) has no
         // effect from here on: the record is about to go, and another host may take it.
         held.deadline.send_replace(self.clock.now());
-        self.delete_bounded(key, &held.value, held.lease).await;
+        // A renewal stopped mid-write may still land: every value we may have written is tried.
+        for value in &held.values {
+            if self.delete_bounded(key, value, held.lease).await {
+                break;
+            }
+        }
         held.lost.cancel();
         // The loop ends at its next await point; it never panics on its own.
         let _ = held.renewal.await;
@@ -323,14 +343,45 @@ impl Elections {
         }
     }
 
-    /// Deletes our record under `key`, waiting at most `L/4`: past that it expires anyway.
-    async fn delete_bounded(&self, key: &str, value: &str, lease: Duration) {
+    /// Deletes our record under `key` if it has `value`, waiting at most `L/4`: past that it
+    /// expires anyway. Returns false only when the record did not have `value`.
+    async fn delete_bounded(&self, key: &str, value: &str, lease: Duration) -> bool {
         let delete = self.store.compare_and_delete(key, value);
         match tokio::time::timeout(lease / RELEASE_DIVISOR, delete).await {
-            Ok(Ok(deleted)) => tracing::info!(key, deleted, "released"),
-            Ok(Err(e)) => tracing::warn!(key, error = %e, "release failed; the record will expire"),
-            Err(_) => tracing::warn!(key, "release timed out; the record will expire"),
+            Ok(Ok(deleted)) => {
+                tracing::info!(key, deleted, "released");
+                deleted
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(key, error = %e, "release failed; the record will expire");
+                true
+            }
+            Err(_) => {
+                tracing::warn!(key, "release timed out; the record will expire");
+                true
+            }
         }
+    }
+
+    /// Swaps our record under `key` to `new`: from the value last confirmed, else from one
+    /// written since without an answer (see [`Held::values`]). `Ok(false)`: none of them is
+    /// there, the lease is lost.
+    async fn swap_ours(&self, r: &Renewal, new: &str) -> Result<bool, StoreError> {
+        let candidates = self
+            .lock()
+            .held
+            .get(&r.key)
+            .map_or_else(|| vec![r.value.clone()], |h| h.values.clone());
+        for expected in &candidates {
+            if self
+                .store
+                .compare_and_swap(&r.key, expected, new, r.lease)
+                .await?
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// The renewal loop of one lease (SPEC §4).
@@ -354,10 +405,16 @@ impl Elections {
                 // Each attempt waits at most L/10: three of them end (lost, at worst) well
                 // before the killer's 0.8·L. A write given up on may still land; only an answer
                 // moves the deadline.
-                let cas = self
-                    .store
-                    .compare_and_swap(&r.key, &r.value, &r.value, r.lease);
-                let cas = tokio::time::timeout(r.lease / ATTEMPT_DIVISOR, cas);
+                // The services running now ride along with the renewal (`lease_value`).
+                let new = lease_value::encode(&r.holder, &r.running.borrow_and_update());
+                if new != r.value
+                    && let Some(held) = self.lock().held.get_mut(&r.key)
+                    && !held.values.contains(&new)
+                {
+                    // Written from now on, answered or not: a release must try it too.
+                    held.values.push(new.clone());
+                }
+                let cas = tokio::time::timeout(r.lease / ATTEMPT_DIVISOR, self.swap_ours(&r, &new));
                 let outcome = tokio::select! {
                     () = r.stop.cancelled() => return,
                     outcome = cas => outcome.unwrap_or_else(|_| Err(StoreError::transient(
@@ -381,12 +438,14 @@ impl Elections {
                             let mut state = self.lock();
                             if let Some(held) = state.held.get_mut(&r.key) {
                                 held.written_until = until;
+                                held.values = vec![new.clone()];
                             }
                             if let Some(earliest) = state.killer_deadline() {
                                 self.killer.arm(earliest);
                             }
                         }
                         r.last_start = cas_start;
+                        r.value = new;
                         let took_us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
                         tracing::debug!(key = r.key, took_us, "renewed");
                         break;
@@ -454,7 +513,12 @@ impl Drop for InFlight<'_> {
 /// State of one renewal loop.
 struct Renewal {
     key: String,
+    /// The holder value the record was inserted with.
+    holder: String,
+    /// The value last confirmed written: the holder, then with the running services.
     value: String,
+    /// The services running under this lease, written with each renewal.
+    running: watch::Receiver<Vec<RunningService>>,
     lease: Duration,
     /// Start of the last successful write.
     last_start: Timestamp,

@@ -6,6 +6,7 @@
 //! - [`store`]: the TTL store contract and its backends (memory, redb, etcd).
 //! - [`killer`]: the watchdog thread that ends the process if renewal stalls.
 //! - [`elections`]: acquire, renew and release leases; the local lease deadline.
+//! - [`lease_value`]: a lease record's value: the holder and the services running under it.
 //! - [`problem`]: the problem signal: a running VVM's first fatal error, reported once.
 //! - [`services`]: what the lifecycle starts once a slot is held (the seam to the runtime).
 //! - [`holder_lock`]: the crash lock: a standby learns from the kernel that a holder is gone.
@@ -22,6 +23,7 @@ pub mod config;
 pub mod elections;
 pub mod holder_lock;
 pub mod killer;
+pub mod lease_value;
 pub mod ops;
 pub mod problem;
 pub mod runtime;

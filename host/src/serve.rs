@@ -3,14 +3,20 @@
 //! the store.
 //!
 //! [`serve_until`] takes its stop signal as a parameter (as mini-redis's `server::run`), so
-//! `vvm-host serve` passes SIGINT/SIGTERM and tests pass a future of their own.
+//! `vvm-host serve` passes SIGINT/SIGTERM and tests pass a future of their own;
+//! [`serve_until_reloading`] also takes re-read configurations (SIGHUP).
+//!
+//! The services directory is followed while serving (SPEC §6): on leaders and standbys alike,
+//! so a standby that takes over runs the services as they are now, compiled already.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use tokio::sync::mpsc;
+use tokio_util::task::AbortOnDropHandle;
 
-use crate::config::Settings;
+use crate::config::{ConfigError, Settings};
 use crate::holder_lock::HolderLockDir;
 use crate::problem::Problem;
 use crate::runtime::{RuntimeConfig, WasmServices};
@@ -29,9 +35,37 @@ pub async fn serve_until(
     settings: Settings,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    serve_until_reloading(settings, mpsc::unbounded_channel().1, shutdown).await
+}
+
+/// A configuration re-read while serving (on SIGHUP), or why it could not be.
+pub type Reload = Result<Settings, ConfigError>;
+
+/// Like [`serve_until`], and applies each configuration from `reloads`: the services' grants
+/// change for their next start; a configuration that does not validate keeps the old
+/// settings, and the log says why. Settings that need a restart (the store, the lease...) are
+/// named in the log and keep their old values.
+///
+/// # Errors
+/// As [`serve_until`].
+pub async fn serve_until_reloading(
+    settings: Settings,
+    mut reloads: mpsc::UnboundedReceiver<Reload>,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
     tokio::pin!(shutdown);
     let store = store::open(&settings, false).await?;
-    let services = load_services(&settings).await?;
+    let wasm = load_services(&settings).await?;
+    let services: Arc<dyn Services> = Arc::clone(&wasm) as Arc<dyn Services>;
+    let reloading = AbortOnDropHandle::new(tokio::spawn({
+        let wasm = Arc::clone(&wasm);
+        let current = settings.clone();
+        async move {
+            while let Some(reload) = reloads.recv().await {
+                apply_reload(&current, &wasm, reload);
+            }
+        }
+    }));
     let holder_locks = settings.lock_dir.as_deref().and_then(holder_locks);
     tracing::info!(
         store = settings.store,
@@ -91,8 +125,13 @@ pub async fn serve_until(
             }
         }
     }
-    // Every VVM has shut down: no task holds the store any more.
+    // Every VVM has shut down: no task holds the store any more. Dropping the services stops
+    // following the directory (after a compile in progress): off the async workers.
+    drop(reloading);
     drop(services);
+    tokio::task::spawn_blocking(move || drop(wasm))
+        .await
+        .context("stopping the services directory watch")?;
     store.close().await;
     tracing::info!(store = settings.store, "store closed");
     Ok(())
@@ -147,15 +186,67 @@ fn holder_locks(dir: &std::path::Path) -> Option<Arc<HolderLockDir>> {
         .map(Arc::new)
 }
 
-/// Compiles (or loads from cache) every service before campaigning; bad files are reported
-/// by name and reason (by the runtime) and the others still run.
-async fn load_services(settings: &Settings) -> anyhow::Result<Arc<dyn Services>> {
+/// Compiles (or loads from cache) every service before campaigning, then follows the
+/// directory; bad files are reported by name and reason (by the runtime) and the others
+/// still run.
+async fn load_services(settings: &Settings) -> anyhow::Result<Arc<WasmServices>> {
     let config = RuntimeConfig::from_settings(settings)?;
     // Compiling is CPU-bound and blocking: keep it off the async workers.
     let (services, _rejected) = tokio::task::spawn_blocking(move || WasmServices::load(config))
         .await
         .context("loading services")??;
+    services.follow_dir()?;
     Ok(Arc::new(services))
+}
+
+/// Applies a re-read configuration: the grants now, the rest at the next restart.
+fn apply_reload(current: &Settings, services: &WasmServices, reload: Reload) {
+    let config = reload
+        .map_err(anyhow::Error::from)
+        .and_then(|new| Ok((RuntimeConfig::from_settings(&new)?, new)));
+    let (config, new) = match config {
+        Ok(ok) => ok,
+        Err(e) => {
+            tracing::error!(error = %format!("{e:#}"), "configuration not reloaded; keeping the old settings");
+            return;
+        }
+    };
+    let grants = config.grants.len();
+    services.set_grants(config.grants);
+    let restart_needed = needs_restart(current, &new);
+    if restart_needed.is_empty() {
+        tracing::info!(grants, "configuration reloaded");
+    } else {
+        tracing::warn!(
+            grants,
+            restart_needed = restart_needed.join(", "),
+            "configuration reloaded; changed settings other than grants apply after a restart"
+        );
+    }
+}
+
+/// The settings that differ between `a` and `b` and cannot change while serving.
+fn needs_restart(a: &Settings, b: &Settings) -> Vec<&'static str> {
+    let differs = [
+        ("store", a.store != b.store),
+        ("etcd", a.etcd != b.etcd),
+        ("cluster-size", a.cluster_size != b.cluster_size),
+        ("services", a.services != b.services),
+        ("lease", a.lease != b.lease),
+        (
+            "acquisition-timeout",
+            a.acquisition_timeout != b.acquisition_timeout,
+        ),
+        ("grace-period", a.grace_period != b.grace_period),
+        ("memory-limit-mib", a.memory_limit != b.memory_limit),
+        ("cache-dir", a.cache_dir != b.cache_dir),
+        ("metrics-addr", a.metrics_addr != b.metrics_addr),
+        ("lock-dir", a.lock_dir != b.lock_dir),
+    ];
+    differs
+        .into_iter()
+        .filter_map(|(name, differs)| differs.then_some(name))
+        .collect()
 }
 
 #[cfg(test)]

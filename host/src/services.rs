@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 use crate::elections::LeaseDeadline;
+use crate::lease_value::RunningReport;
 use crate::problem::ProblemReporter;
 use crate::store::{Store, Term};
 
@@ -41,6 +42,9 @@ pub struct ServiceContext {
     pub problems: ProblemReporter,
     /// The store, for the guests' fenced key-value space.
     pub store: Arc<dyn Store>,
+    /// Where the services say which of them run; the lease's renewals write it into the
+    /// record, for `vvm-host status`.
+    pub running: RunningReport,
 }
 
 /// Why services could not be started.

@@ -15,6 +15,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::elections::{ElectionError, Elections, Leadership, retry_pause};
 use crate::holder_lock::{DeadHolders, HolderLockDir};
 use crate::killer::Killer;
+use crate::lease_value;
 use crate::problem::{Problem, ProblemReporter};
 use crate::services::{LeaseInfo, RunningServices, ServiceContext, ServiceError, Services};
 use crate::store::{Store, StoreError, Term};
@@ -51,10 +52,11 @@ pub fn holder_value() -> String {
     static RUN: OnceLock<String> = OnceLock::new();
     static SEQ: AtomicU64 = AtomicU64::new(0);
     let run = RUN.get_or_init(|| {
+        // No control characters: a newline ends the holder in a record's value (`lease_value`).
         let host = rustix::system::uname()
             .nodename()
             .to_string_lossy()
-            .into_owned();
+            .replace(char::is_control, "_");
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
@@ -318,6 +320,7 @@ impl Launcher {
             stopping,
             problems: self.problems.clone(),
             store: Arc::clone(store),
+            running: leadership.running_report(),
         };
         let services = match services.start(ctx).await {
             Ok(started) => Some(started),
@@ -361,17 +364,18 @@ impl Launcher {
         tracing::info!("shut down");
     }
 
-    /// Deletes the record `holder` wrote at `key`, whose process is gone (its crash lock is
-    /// free). By the exact value only (fencing, SPEC §4): a record rewritten since by anyone
-    /// else stays. Whether it was deleted, or `None` if the store call failed.
+    /// Deletes the record with `value` at `key`, whose holder's process is gone (its crash
+    /// lock is free). By the exact value only (fencing, SPEC §4): a record rewritten since by
+    /// anyone else stays. Whether it was deleted, or `None` if the store call failed.
     async fn delete_dead_holder(
         &self,
         key: &str,
-        holder: &str,
+        value: &str,
         dead: &mut DeadHolders,
     ) -> Option<bool> {
         let lease = self.vvm.config.lease;
-        let delete = self.vvm.store.compare_and_delete(key, holder);
+        let holder = lease_value::holder(value);
+        let delete = self.vvm.store.compare_and_delete(key, value);
         match within_quarter_lease(lease, "compare_and_delete", key, delete).await {
             Ok(deleted) => {
                 tracing::info!(
@@ -440,17 +444,19 @@ impl Launcher {
                     // Our own record: an earlier insert of this campaign failed (a timeout, an
                     // error) yet was applied. Holder values are unique per campaign, so it is
                     // certainly ours: delete it and try again at once, rather than wait out L.
-                    Ok(Some(record)) if record.value == config.holder => {
+                    Ok(Some(record)) if lease_value::holder(&record.value) == config.holder => {
                         tracing::info!(
                             slot,
                             "found our own record of an insert that failed; retaking it"
                         );
-                        if let Err(e) = store.compare_and_delete(&key, &config.holder).await {
+                        if let Err(e) = store.compare_and_delete(&key, &record.value).await {
                             tracing::warn!(slot, error = %e, "deleting our own record failed");
                         }
                         wait = Duration::ZERO;
                     }
-                    Ok(Some(record)) if dead.is_gone(&record.value) => {
+                    // The crash lock is named by the holder; the record's value may also carry
+                    // its running services (`lease_value`), and is deleted whole.
+                    Ok(Some(record)) if dead.is_gone(lease_value::holder(&record.value)) => {
                         match self
                             .delete_dead_holder(&key, &record.value, &mut dead)
                             .await
@@ -465,7 +471,7 @@ impl Launcher {
                     Ok(Some(record)) => {
                         seen_live = true;
                         wait = wait.min(record.time_left);
-                        dead.watch(&key, &record.value);
+                        dead.watch(&key, lease_value::holder(&record.value));
                     }
                     Ok(None) => wait = Duration::ZERO,
                     Err(e) => {

@@ -65,6 +65,7 @@ async fn lease(deadline: LeaseDeadline) -> Lease {
         stopping: CancellationToken::new(),
         problems: ProblemReporter::default(),
         store: Arc::new(store.clone()),
+        running: vvm_host::lease_value::RunningReport::detached(),
     };
     Lease { store, ctx }
 }
@@ -673,4 +674,55 @@ async fn every_granted_effect_is_refused_at_the_call_past_the_deadline() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The running services of a leadership follow the directory (SPEC §6): a file added while
+/// running starts; once the stop is signalled nothing starts any more, even a file added
+/// then; and the stop returns with every instance gone. Grants set while running apply to the
+/// next start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn running_services_follow_the_directory_until_the_stop() {
+    let (dir, mut config) = setup(&[("rust-ticker", "live-a")]);
+    config.grants.insert("live-a".into(), tick_env(20));
+    let (services, errors) = WasmServices::load(config).unwrap();
+    assert!(errors.is_empty(), "{errors:?}");
+    services.follow_dir().unwrap();
+    let l = lease(far_deadline()).await;
+    let running = services.start(l.ctx.clone()).await.unwrap();
+    until("live-a ticks", async || {
+        logs::count("live-a", "tick 1:") > 0
+    })
+    .await;
+
+    // Granted only now: the new service's first start gets it (it ticks every 20 ms).
+    let mut grants = std::collections::HashMap::new();
+    grants.insert("live-b".to_owned(), tick_env(20));
+    services.set_grants(grants);
+    guests::install(dir.path(), &[("rust-ticker", "live-b")]);
+    // 20 ticks within `until`'s 10 s: only at the granted 20 ms, not the default 1 s.
+    until("live-b ticks fast", async || {
+        logs::count("live-b", "tick 20:") > 0
+    })
+    .await;
+
+    l.ctx.stopping.cancel();
+    guests::install(dir.path(), &[("rust-ticker", "live-c")]);
+    until("live-c is loaded", async || {
+        services.services().iter().any(|(name, _)| name == "live-c")
+    })
+    .await;
+    tokio::time::timeout(Duration::from_secs(10), running.stop())
+        .await
+        .expect("the stop returns within the grace period");
+    assert_eq!(
+        logs::count("live-c", "service running"),
+        0,
+        "started after the stop"
+    );
+    for service in ["live-a", "live-b"] {
+        let ticks = logs::count(service, "tick ");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(logs::count(service, "tick "), ticks, "{service} still runs");
+    }
+    drop(services);
 }

@@ -1,5 +1,5 @@
-//! `vvm-host serve`: [`crate::serve::serve_until`] SIGINT or SIGTERM; a second signal during
-//! the shutdown sequence exits at once.
+//! `vvm-host serve`: [`crate::serve::serve_until_reloading`] SIGINT or SIGTERM; a second
+//! signal during the shutdown sequence exits at once. SIGHUP re-reads the configuration.
 
 use std::process::ExitCode;
 
@@ -8,12 +8,13 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
 use super::{EXIT_INTERRUPTED, ServeArgs};
-use crate::serve::serve_until;
+use crate::serve::serve_until_reloading;
 
-/// SIGINT and SIGTERM as one stream.
+/// SIGINT, SIGTERM and SIGHUP as one stream.
 struct Signals {
     interrupt: Signal,
     terminate: Signal,
+    hangup: Signal,
 }
 
 impl Signals {
@@ -21,6 +22,7 @@ impl Signals {
         Ok(Self {
             interrupt: signal(SignalKind::interrupt())?,
             terminate: signal(SignalKind::terminate())?,
+            hangup: signal(SignalKind::hangup())?,
         })
     }
 
@@ -28,6 +30,7 @@ impl Signals {
         tokio::select! {
             _ = self.interrupt.recv() => "SIGINT",
             _ = self.terminate.recv() => "SIGTERM",
+            _ = self.hangup.recv() => "SIGHUP",
         }
     }
 }
@@ -40,12 +43,19 @@ pub(super) async fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     let mut signals = Signals::new().context("installing signal handlers")?;
     let _endpoint = crate::ops::Endpoint::start_if(settings.metrics_addr)?;
     let stop = CancellationToken::new();
-    let serving = serve_until(settings, stop.clone().cancelled_owned());
+    let (reload, reloads) = tokio::sync::mpsc::unbounded_channel();
+    let serving = serve_until_reloading(settings, reloads, stop.clone().cancelled_owned());
     tokio::pin!(serving);
     loop {
         tokio::select! {
             served = &mut serving => return served.map(|()| ExitCode::SUCCESS),
             signal = signals.next() => {
+                if signal == "SIGHUP" {
+                    tracing::info!(signal, "re-reading the configuration");
+                    // Resolved as at start: the same flags, environment, file and checks.
+                    let _ = reload.send(args.settings());
+                    continue;
+                }
                 if stop.is_cancelled() {
                     tracing::warn!(signal, "second signal: exiting at once");
                     return Ok(ExitCode::from(EXIT_INTERRUPTED));

@@ -5,13 +5,16 @@ use std::process::ExitCode;
 
 use super::StoreArgs;
 use crate::config;
+use crate::lease_value;
 use crate::runtime::RuntimeConfig;
 use crate::store;
 use crate::vvm::slot_key;
 
-/// Prints who holds each slot, with term and time left: a table, or with `json` one JSON
-/// object (`{"slots": [{"slot", "holder", "term", "time_left_ms"}]}`, `null`s for a free slot).
-/// Safe while hosts serve.
+/// Prints who holds each slot, with term and time left, and the services running there and
+/// since when: a table, or with `json` one JSON object (`{"slots": [{"slot", "holder",
+/// "term", "time_left_ms", "services": [{"name", "version", "since"}]}]}`, `since` in Unix
+/// seconds, `null`s for a free slot). The services are those the leader wrote with its last
+/// renewal ([`crate::lease_value`]). Safe while hosts serve.
 pub(super) async fn status(args: &StoreArgs, json: bool) -> anyhow::Result<ExitCode> {
     let settings = args.settings()?;
     let opened = store::open(&settings, true).await?;
@@ -28,12 +31,19 @@ pub(super) async fn status(args: &StoreArgs, json: bool) -> anyhow::Result<ExitC
             .map(|(slot, record)| match record {
                 Some(r) => serde_json::json!({
                     "slot": slot,
-                    "holder": r.value,
+                    "holder": lease_value::holder(&r.value),
                     "term": r.term,
                     "time_left_ms": u64::try_from(r.time_left.as_millis()).unwrap_or(u64::MAX),
+                    "services": lease_value::services(&r.value)
+                        .iter()
+                        .map(|s| serde_json::json!({
+                            "name": s.name, "version": s.version, "since": s.since,
+                        }))
+                        .collect::<Vec<_>>(),
                 }),
                 None => serde_json::json!({
                     "slot": slot, "holder": null, "term": null, "time_left_ms": null,
+                    "services": null,
                 }),
             })
             .collect();
@@ -46,13 +56,25 @@ pub(super) async fn status(args: &StoreArgs, json: bool) -> anyhow::Result<ExitC
     );
     for (slot, record) in slots {
         match record {
-            Some(record) => println!(
-                "{:<6} {:<48} {:>8} {:>9.1}s",
-                slot,
-                record.value,
-                record.term,
-                record.time_left.as_secs_f64()
-            ),
+            Some(record) => {
+                println!(
+                    "{:<6} {:<48} {:>8} {:>9.1}s",
+                    slot,
+                    lease_value::holder(&record.value),
+                    record.term,
+                    record.time_left.as_secs_f64()
+                );
+                for s in lease_value::services(&record.value) {
+                    let since = std::time::UNIX_EPOCH + std::time::Duration::from_secs(s.since);
+                    println!(
+                        "{:<6}   service {} {} since {}",
+                        "",
+                        s.name,
+                        s.version,
+                        humantime::format_rfc3339_seconds(since)
+                    );
+                }
+            }
             None => println!("{slot:<6} {:<48} {:>8} {:>10}", "(free)", "-", "-"),
         }
     }

@@ -95,6 +95,8 @@ pub(crate) enum Pre {
 pub(crate) struct Loaded {
     /// The file stem.
     pub name: String,
+    /// The version: the first 12 hex digits of the SHA-256 of the file (as `sha256sum`).
+    pub version: String,
     /// Which world, and its pre-instantiated form.
     pub pre: Pre,
 }
@@ -109,7 +111,17 @@ impl Loaded {
     }
 }
 
-/// The `*.wasm` files of `dir`, sorted by name.
+/// The service a file of the services directory is, by its name: `NAME.wasm` is service
+/// `NAME`. Hidden files (`.x.wasm`: rsync's and editors' temporary files, the compile
+/// cache), `#x.wasm#` and `x.wasm~` (editors) and every other name are no service.
+pub(crate) fn service_name(path: &Path) -> Option<String> {
+    let file = path.file_name()?.to_str()?;
+    let name = file.strip_suffix(".wasm")?;
+    let temporary = file.starts_with(['.', '#']) || file.ends_with('~');
+    (!name.is_empty() && !temporary).then(|| name.to_owned())
+}
+
+/// The service files of `dir` (see [`service_name`]), sorted by name.
 pub(crate) fn discover(dir: &Path) -> Result<Vec<PathBuf>, RuntimeError> {
     let err = |source| RuntimeError::ServicesDir {
         path: dir.to_owned(),
@@ -118,7 +130,7 @@ pub(crate) fn discover(dir: &Path) -> Result<Vec<PathBuf>, RuntimeError> {
     let mut files = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(err)? {
         let path = entry.map_err(err)?.path();
-        if path.extension().is_some_and(|e| e == "wasm") && path.is_file() {
+        if service_name(&path).is_some() && path.is_file() {
             files.push(path);
         }
     }
@@ -154,7 +166,8 @@ impl Compiler<'_> {
             .component(&bytes)
             .map_err(|e| fail(LoadErrorKind::Compile(e)))?;
         let pre = classify(self.engine, &component, linker).map_err(fail)?;
-        Ok(Loaded { name, pre })
+        let version = version_of(&bytes);
+        Ok(Loaded { name, version, pre })
     }
 
     /// The compiled component for `bytes`, from the cache if it is there.
@@ -199,15 +212,23 @@ impl Compiler<'_> {
             .precompile_compatibility_hash()
             .hash(&mut hasher);
         hasher.0.update(bytes);
-        hasher
-            .0
-            .finalize()
-            .iter()
-            .fold(String::new(), |mut hex, b| {
-                let _ = write!(hex, "{b:02x}");
-                hex
-            })
+        hex(&hasher.0.finalize())
     }
+}
+
+/// The version of a component file: the first 12 hex digits of its SHA-256.
+pub(crate) fn version_of(bytes: &[u8]) -> String {
+    let mut version = hex(&Sha256::digest(bytes));
+    version.truncate(12);
+    version
+}
+
+/// `bytes` in lower-case hex.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().fold(String::new(), |mut hex, b| {
+        let _ = write!(hex, "{b:02x}");
+        hex
+    })
 }
 
 /// Feeds `Hash` output into SHA-256, for a digest that is stable across processes.
@@ -291,6 +312,30 @@ fn classify(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_plain_wasm_names_are_services() {
+        let name = |f: &str| service_name(Path::new("/svc").join(f).as_path());
+        assert_eq!(name("ticker.wasm"), Some("ticker".into()));
+        assert_eq!(name("my.ticker.wasm"), Some("my.ticker".into()));
+        for temporary in [
+            ".ticker.wasm",
+            ".ticker.wasm.Xy12Ab",
+            "ticker.wasm~",
+            "#ticker.wasm#",
+            ".#ticker.wasm",
+            "ticker.wasm.swp",
+            ".ticker.wasm.swp",
+            "ticker.wasm.tmp",
+            "ticker.wasm.part",
+            "ticker.wasm.crdownload",
+            "ticker.wat",
+            ".wasm",
+            ".cache",
+        ] {
+            assert_eq!(name(temporary), None, "{temporary}");
+        }
+    }
 
     #[test]
     fn header_check_names_the_problem() {

@@ -2,20 +2,23 @@
 //! interrupt any guest (SPEC §6: CPU preemption), and the [`Runtime`] that bundles them with
 //! the configuration for the supervisors.
 
-use std::sync::mpsc;
+use std::collections::HashMap;
+use std::sync::{Arc, PoisonError, RwLock, mpsc};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
-use super::{RuntimeConfig, RuntimeError};
+use super::{Grants, RuntimeConfig, RuntimeError};
 
 /// What every supervisor shares: the engine, its epoch ticker, and the configuration.
 pub(crate) struct Runtime {
-    /// The configuration loaded with.
+    /// The configuration loaded with (its `grants` as at start; see [`Runtime::grants`]).
     pub config: RuntimeConfig,
     /// The engine every component was compiled for.
     pub engine: Engine,
+    /// The grants of every service, replaced when the configuration file is re-read.
+    grants: RwLock<Arc<HashMap<String, Grants>>>,
     /// Stops ticking when the last supervisor is gone.
     _ticker: EpochTicker,
 }
@@ -28,10 +31,22 @@ impl Runtime {
     pub(crate) fn start(config: RuntimeConfig, engine: Engine) -> Result<Self, RuntimeError> {
         let ticker = EpochTicker::start(&engine, config.epoch_tick)?;
         Ok(Self {
+            grants: RwLock::new(Arc::new(config.grants.clone())),
             config,
             engine,
             _ticker: ticker,
         })
+    }
+
+    /// The grants of every service now: an instance gets those current when it starts.
+    pub(crate) fn grants(&self) -> Arc<HashMap<String, Grants>> {
+        // Replaced whole under the lock: a poisoned lock still holds a complete map.
+        Arc::clone(&self.grants.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Replaces the grants; services started from now on get the new ones.
+    pub(crate) fn set_grants(&self, grants: HashMap<String, Grants>) {
+        *self.grants.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(grants);
     }
 }
 

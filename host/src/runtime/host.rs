@@ -51,8 +51,8 @@ pub(crate) fn new_store(
     engine: &Engine,
     env: &Arc<ServiceEnv>,
     config: &RuntimeConfig,
+    grants: Option<&Grants>,
 ) -> wasmtime::Result<Store<Host>> {
-    let grants = config.grants.get(&*env.name);
     let host = Host {
         env: Arc::clone(env),
         wasi: wasi_ctx(env, grants)?,

@@ -11,10 +11,14 @@
 //! - `output`: guest stdout/stderr as log lines.
 //! - `progress`: compile progress, a bar on a terminal or a log line per service.
 //! - `supervisor`: runs, restarts and stops one service.
+//! - `live_dir`: the live services directory: a watcher keeping the catalogue of loaded
+//!   services in step with the directory's files.
+//! - `reconcile`: the running services of one leadership, following the catalogue.
 //! - `wasm_services`: [`WasmServices`], the [`crate::services::Services`] the lifecycle starts.
 //!
 //! Dependencies point one way, in this order (each uses only modules before it): `config`,
-//! `engine`, `env`, `fence`, `output`, `host`, `component`, `supervisor`, `wasm_services`.
+//! `engine`, `env`, `fence`, `output`, `host`, `component`, `supervisor`, `live_dir`,
+//! `reconcile`, `wasm_services`.
 
 mod component;
 mod config;
@@ -22,8 +26,10 @@ mod engine;
 mod env;
 mod fence;
 mod host;
+mod live_dir;
 mod output;
 mod progress;
+mod reconcile;
 mod supervisor;
 mod wasm_services;
 
@@ -60,4 +66,12 @@ pub enum RuntimeError {
     /// The epoch ticker thread could not be started.
     #[error("epoch ticker thread: {0}")]
     Ticker(#[source] std::io::Error),
+    /// The services directory cannot be followed for changes.
+    #[error("watching services directory {path}: {source}")]
+    Watch {
+        /// The directory.
+        path: PathBuf,
+        /// notify's error, or the thread's that could not be started.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }

@@ -116,7 +116,9 @@ async fn run_once(
     started: &mut Option<oneshot::Sender<()>>,
 ) -> Outcome {
     let service = &*env.name;
-    let mut store = match new_store(&rt.engine, env, &rt.config) {
+    // The grants as they are now: a re-read configuration applies from the next start.
+    let grants = rt.grants();
+    let mut store = match new_store(&rt.engine, env, &rt.config, grants.get(&*env.name)) {
         Ok(store) => store,
         Err(e) => {
             started.take();

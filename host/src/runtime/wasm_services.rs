@@ -1,29 +1,36 @@
 //! [`WasmServices`]: the Wasm components of a services directory as the lifecycle's
 //! [`Services`] (SPEC §5 step 3, §6), and `check` for `vvm-host check DIR`.
 
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
-use tokio::sync::oneshot;
-use tokio::task::JoinSet;
-use tokio_util::sync::CancellationToken;
+use tokio::sync::watch;
+use wasmtime::component::Linker;
 
-use super::component::{self, Compiler, LoadError, LoadStats, Loaded, ServiceKind};
+use super::component::{self, Compiler, LoadError, LoadStats, ServiceKind};
 use super::engine::{self, Runtime};
-use super::env::{ServiceEnv, WriteBudget};
+use super::env::Host;
 use super::host;
+use super::live_dir::{Catalogue, LiveDir};
 use super::progress::Progress;
-use super::supervisor::supervise;
-use super::{RuntimeConfig, RuntimeError};
+use super::reconcile;
+use super::{Grants, RuntimeConfig, RuntimeError};
 use crate::services::{RunningServices, ServiceContext, ServiceError, Services};
 
 /// The services of one directory, compiled and pre-instantiated, ready to start under a
-/// lease. Cheap to start many times (once per leadership).
+/// lease. Cheap to start many times (once per leadership). With [`WasmServices::follow_dir`]
+/// the set follows the directory's files while serving.
 pub struct WasmServices {
     rt: Arc<Runtime>,
-    services: Vec<Arc<Loaded>>,
+    linker: Linker<Host>,
+    /// The loaded services by name; each leadership's running services follow it.
+    catalogue: Arc<watch::Sender<Catalogue>>,
     stats: LoadStats,
+    /// Follows the directory once started; dropped (and its thread joined) with `self`.
+    live: Mutex<Option<LiveDir>>,
+    /// The version of each file the load rejected, by service name.
+    rejected: BTreeMap<String, String>,
 }
 
 impl WasmServices {
@@ -47,7 +54,8 @@ impl WasmServices {
             cache_dir: &config.cache_dir,
             stats: LoadStats::default(),
         };
-        let mut services = Vec::new();
+        let mut services = Catalogue::new();
+        let mut rejected = BTreeMap::new();
         let mut errors = Vec::new();
         let progress = Progress::new(files.len());
         for path in files {
@@ -58,9 +66,14 @@ impl WasmServices {
                     let compiled = compiler.stats.compiled > compiled_before;
                     let duration_ms = step.elapsed_ms();
                     progress.suspend(|| tracing::info!(service = %loaded.name, world = %loaded.kind(), compiled, duration_ms, "service loaded"));
-                    services.push(Arc::new(loaded));
+                    services.insert(loaded.name.clone(), Arc::new(loaded));
                 }
                 Err(e) => {
+                    if let (Some(name), Ok(bytes)) =
+                        (component::service_name(&path), std::fs::read(&path))
+                    {
+                        rejected.insert(name, component::version_of(&bytes));
+                    }
                     let duration_ms = step.elapsed_ms();
                     progress
                         .suspend(|| tracing::error!(error = %e, duration_ms, "service rejected"));
@@ -82,17 +95,46 @@ impl WasmServices {
         Ok((
             Self {
                 rt,
-                services,
+                linker,
+                catalogue: Arc::new(watch::channel(services).0),
                 stats,
+                live: Mutex::new(None),
+                rejected,
             },
             errors,
         ))
     }
 
+    /// From now on, follows the services directory (SPEC §6): a `.wasm` file added, replaced
+    /// or removed is compiled, swapped or stopped without a restart. Calling it again does
+    /// nothing.
+    ///
+    /// # Errors
+    /// When the directory cannot be watched.
+    pub fn follow_dir(&self) -> Result<(), RuntimeError> {
+        let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        if live.is_none() {
+            *live = Some(LiveDir::start(
+                Arc::clone(&self.rt),
+                self.linker.clone(),
+                Arc::clone(&self.catalogue),
+                self.rejected.clone(),
+            )?);
+        }
+        Ok(())
+    }
+
+    /// Replaces every service's grants (a re-read configuration file): each service gets
+    /// the new ones from its next start.
+    pub fn set_grants(&self, grants: HashMap<String, Grants>) {
+        self.rt.set_grants(grants);
+    }
+
     /// The loaded services: name and world, sorted by name.
     pub fn services(&self) -> Vec<(String, ServiceKind)> {
-        self.services
-            .iter()
+        self.catalogue
+            .borrow()
+            .values()
             .map(|s| (s.name.clone(), s.kind()))
             .collect()
     }
@@ -106,72 +148,7 @@ impl WasmServices {
 #[async_trait]
 impl Services for WasmServices {
     async fn start(&self, ctx: ServiceContext) -> Result<Box<dyn RunningServices>, ServiceError> {
-        let stop = ctx.stopping.child_token();
-        let mut tasks = JoinSet::new();
-        let mut started = Vec::with_capacity(self.services.len());
-        for svc in &self.services {
-            let env = Arc::new(ServiceEnv {
-                name: svc.name.as_str().into(),
-                lease: ctx.lease.clone(),
-                deadline: ctx.deadline.clone(),
-                stopping: stop.clone(),
-                problems: ctx.problems.clone(),
-                store: Arc::clone(&ctx.store),
-                kv_limits: self.rt.config.kv,
-                kv_budget: Mutex::new(WriteBudget::full(self.rt.config.kv.writes_per_second)),
-            });
-            let (tx, rx) = oneshot::channel();
-            tasks.spawn(supervise(Arc::clone(&self.rt), Arc::clone(svc), env, tx));
-            started.push(rx);
-        }
-        let all_started = async {
-            for rx in started {
-                // An error only means that service could not start: its supervisor logs why.
-                let _ = rx.await;
-            }
-        };
-        tokio::select! {
-            () = all_started => {}
-            () = stop.cancelled() => {}
-        }
-        tracing::info!(
-            services = self.services.len(),
-            term = ctx.lease.term,
-            "services started"
-        );
-        Ok(Box::new(Running {
-            stop,
-            tasks,
-            grace: self.rt.config.grace_period,
-        }))
-    }
-}
-
-/// The supervisors of one leadership.
-struct Running {
-    stop: CancellationToken,
-    tasks: JoinSet<()>,
-    grace: Duration,
-}
-
-#[async_trait]
-impl RunningServices for Running {
-    async fn stop(mut self: Box<Self>) {
-        tracing::info!(services = self.tasks.len(), "stopping services");
-        self.stop.cancel();
-        // Each supervisor drops its instance once the grace period is over; this bound only
-        // guards against a supervisor that does not end.
-        let joined =
-            tokio::time::timeout(self.grace.saturating_add(Duration::from_secs(1)), async {
-                while self.tasks.join_next().await.is_some() {}
-            })
-            .await;
-        if joined.is_err() {
-            tracing::error!("services did not stop after their grace period; aborting them");
-            self.tasks.abort_all();
-            while self.tasks.join_next().await.is_some() {}
-        }
-        tracing::info!("services stopped");
+        Ok(reconcile::start(Arc::clone(&self.rt), self.catalogue.subscribe(), ctx).await)
     }
 }
 

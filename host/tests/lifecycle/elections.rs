@@ -9,6 +9,7 @@ use tokio::time::{Instant, advance, sleep};
 use vvm_host::clock::{SystemClock, Timestamp, TokioClock};
 use vvm_host::elections::{ElectionError, Elections, valid_until};
 use vvm_host::killer::{KILLER_EXIT_CODE, Killer};
+use vvm_host::lease_value::{self, RunningService};
 use vvm_host::store::{MemStore, TtlStore};
 use vvm_host::vvm::holder_value;
 
@@ -697,4 +698,55 @@ async fn cleanup_deletes_a_record_whose_insert_failed_but_was_applied() {
         f.store.inner.get(KEY).await.unwrap().is_none(),
         "cleanup deleted the record of the failed insert"
     );
+}
+
+fn running(name: &str, since: u64) -> Vec<RunningService> {
+    vec![RunningService {
+        name: name.into(),
+        version: "0123456789ab".into(),
+        since,
+    }]
+}
+
+/// The running services ride along with the renewal (no extra write), readable by status; a
+/// release deletes the record whatever list it carries.
+#[tokio::test(start_paused = true)]
+async fn renewals_carry_the_running_services_and_release_deletes_the_record() {
+    let f = fixture();
+    let lead = f.elections.acquire(KEY, ME, L).await.unwrap().unwrap();
+    lead.running_report().set(running("ticker", 7));
+    sleep(L / 4 + Duration::from_millis(1)).await;
+    let record = f.store.inner.get(KEY).await.unwrap().unwrap();
+    assert_eq!(record.value, lease_value::encode(ME, &running("ticker", 7)));
+    assert_eq!(lease_value::holder(&record.value), ME);
+    assert_eq!(lease_value::services(&record.value), running("ticker", 7));
+    assert_eq!(f.store.calls_of(Op::Cas).len(), 1, "one write per renewal");
+    f.elections.release(KEY).await;
+    assert_eq!(f.store.inner.get(KEY).await.unwrap(), None, "released");
+}
+
+/// A renewal that changed the value landed but failed to answer: the next renewal swaps from
+/// the value that landed instead of calling the lease lost, and a release deletes it too.
+#[tokio::test(start_paused = true)]
+async fn a_changed_value_that_landed_without_an_answer_is_still_ours() {
+    let f = fixture();
+    let lead = f.elections.acquire(KEY, ME, L).await.unwrap().unwrap();
+    lead.running_report().set(running("a", 1));
+    f.store.script(Op::Cas, [Fault::ApplyThenTransient]);
+    sleep(L / 4 + Duration::from_millis(1)).await;
+    let landed = f.store.inner.get(KEY).await.unwrap().unwrap();
+    assert_eq!(lease_value::services(&landed.value), running("a", 1));
+    // The retry (L/20 later) and the next renewals swap from the value that landed.
+    lead.running_report().set(running("b", 2));
+    sleep(L).await;
+    assert!(!lead.is_lost(), "the lease was kept");
+    let record = f.store.inner.get(KEY).await.unwrap().unwrap();
+    assert_eq!(lease_value::services(&record.value), running("b", 2));
+
+    // A swap in flight when the release comes may land before the delete: still deleted.
+    lead.running_report().set(running("c", 3));
+    f.store.script(Op::Cas, [Fault::ApplyThenTransient]);
+    sleep(L / 4).await;
+    f.elections.release(KEY).await;
+    assert_eq!(f.store.inner.get(KEY).await.unwrap(), None, "released");
 }

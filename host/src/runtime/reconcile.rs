@@ -1,0 +1,251 @@
+//! The running services of one leadership follow the live catalogue (SPEC §6, "The services
+//! directory is live"): a service added to the catalogue is started, a replaced one is stopped
+//! (stop signal, grace period, drop) and its new version started under the same lease, a
+//! removed one is stopped. Which services run, and since when, goes to the lease's renewals
+//! for `vvm-host status` ([`crate::lease_value`]).
+//!
+//! Every rule of the lifecycle still holds: services start only under the held lease (the
+//! supervisors wait while its deadline has passed), nothing starts once the stop is signalled
+//! (each start is checked against it, with no await in between), and stopping waits for a
+//! reconciliation in progress, so none outlives the shutdown sequence.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use tokio::sync::{oneshot, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
+
+use super::component::Loaded;
+use super::engine::Runtime;
+use super::env::{ServiceEnv, WriteBudget};
+use super::live_dir::Catalogue;
+use super::supervisor::supervise;
+use crate::lease_value::RunningService;
+use crate::services::{RunningServices, ServiceContext};
+
+/// Starts every service of the catalogue under `ctx.lease`, returns once each has started
+/// (or the stop came), and from then on follows the catalogue until stopped.
+pub(crate) async fn start(
+    rt: Arc<Runtime>,
+    mut catalogue: watch::Receiver<Catalogue>,
+    ctx: ServiceContext,
+) -> Box<dyn RunningServices> {
+    let stop = ctx.stopping.child_token();
+    let grace = rt.config.grace_period;
+    let term = ctx.lease.term;
+    let mut reconciler = Reconciler {
+        rt,
+        ctx,
+        stop: stop.clone(),
+        running: BTreeMap::new(),
+    };
+    let initial = catalogue.borrow_and_update().clone();
+    let started: Vec<_> = initial
+        .values()
+        .map_while(|svc| (!stop.is_cancelled()).then(|| reconciler.start(svc)))
+        .collect();
+    let all_started = async {
+        for rx in started {
+            // An error only means that service could not start: its supervisor logs why.
+            let _ = rx.await;
+        }
+    };
+    tokio::select! {
+        () = all_started => {}
+        () = stop.cancelled() => {}
+    }
+    reconciler.report();
+    tracing::info!(services = initial.len(), term, "services started");
+    let follower = AbortOnDropHandle::new(tokio::spawn(reconciler.follow(catalogue)));
+    Box::new(Running {
+        stop,
+        follower,
+        grace,
+    })
+}
+
+/// One service's supervisor.
+struct Supervised {
+    loaded: Arc<Loaded>,
+    /// When it was started, Unix seconds.
+    since: u64,
+    stop: CancellationToken,
+    task: AbortOnDropHandle<()>,
+}
+
+/// The services of one leadership, by name.
+struct Reconciler {
+    rt: Arc<Runtime>,
+    ctx: ServiceContext,
+    /// Cancelled when every service must stop.
+    stop: CancellationToken,
+    running: BTreeMap<String, Supervised>,
+}
+
+impl Reconciler {
+    /// Starts `svc`'s supervisor; the receiver hears when its first instance is up.
+    fn start(&mut self, svc: &Arc<Loaded>) -> oneshot::Receiver<()> {
+        let stop = self.stop.child_token();
+        let ctx = &self.ctx;
+        let env = Arc::new(ServiceEnv {
+            name: svc.name.as_str().into(),
+            lease: ctx.lease.clone(),
+            deadline: ctx.deadline.clone(),
+            stopping: stop.clone(),
+            problems: ctx.problems.clone(),
+            store: Arc::clone(&ctx.store),
+            kv_limits: self.rt.config.kv,
+            kv_budget: Mutex::new(WriteBudget::full(self.rt.config.kv.writes_per_second)),
+        });
+        let (tx, rx) = oneshot::channel();
+        let task = tokio::spawn(supervise(Arc::clone(&self.rt), Arc::clone(svc), env, tx));
+        let since = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        self.running.insert(
+            svc.name.clone(),
+            Supervised {
+                loaded: Arc::clone(svc),
+                since,
+                stop,
+                task: AbortOnDropHandle::new(task),
+            },
+        );
+        rx
+    }
+
+    /// Tells the services `names` to stop, waits out their grace period, then drops every
+    /// instance still there.
+    async fn stop(&mut self, names: &[String]) {
+        let mut stopping: Vec<Supervised> = names
+            .iter()
+            .filter_map(|n| self.running.remove(n))
+            .collect();
+        if stopping.is_empty() {
+            return;
+        }
+        for s in &stopping {
+            s.stop.cancel();
+        }
+        // Each supervisor drops its instance once the grace period is over; this bound only
+        // guards against a supervisor that does not end.
+        let bound = self
+            .rt
+            .config
+            .grace_period
+            .saturating_add(Duration::from_secs(1));
+        let joined = tokio::time::timeout(bound, async {
+            for s in &mut stopping {
+                let _ = (&mut s.task).await;
+            }
+        })
+        .await;
+        if joined.is_err() {
+            tracing::error!("services did not stop after their grace period; aborting them");
+            for s in &mut stopping {
+                s.task.abort();
+                let _ = (&mut s.task).await;
+            }
+        }
+    }
+
+    /// Follows the catalogue until the stop, then stops every service.
+    async fn follow(mut self, mut catalogue: watch::Receiver<Catalogue>) {
+        loop {
+            tokio::select! {
+                biased;
+                () = self.stop.cancelled() => break,
+                changed = catalogue.changed() => {
+                    if changed.is_err() {
+                        // The catalogue is fixed from now on.
+                        self.stop.cancelled().await;
+                        break;
+                    }
+                }
+            }
+            let now = catalogue.borrow_and_update().clone();
+            self.apply(&now).await;
+        }
+        let all: Vec<String> = self.running.keys().cloned().collect();
+        self.stop(&all).await;
+        self.report();
+    }
+
+    /// Stops what was replaced or removed, then starts what is new.
+    async fn apply(&mut self, catalogue: &Catalogue) {
+        let outdated: Vec<String> = self
+            .running
+            .iter()
+            .filter(|(name, s)| {
+                catalogue
+                    .get(*name)
+                    .is_none_or(|svc| svc.version != s.loaded.version)
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in &outdated {
+            tracing::debug!(service = name, "stopping: replaced or removed");
+        }
+        self.stop(&outdated).await;
+        for (name, svc) in catalogue {
+            // Checked right before each start, with no await in between: nothing starts once
+            // the stop is signalled.
+            if self.stop.is_cancelled() {
+                break;
+            }
+            if !self.running.contains_key(name) {
+                tracing::debug!(service = name, version = svc.version, "starting");
+                drop(self.start(svc));
+            }
+        }
+        self.report();
+    }
+
+    /// Tells the lease's renewals which services run now.
+    fn report(&self) {
+        let running = self
+            .running
+            .values()
+            .filter(|s| !s.task.is_finished())
+            .map(|s| RunningService {
+                name: s.loaded.name.clone(),
+                version: s.loaded.version.clone(),
+                since: s.since,
+            })
+            .collect();
+        self.ctx.running.set(running);
+    }
+}
+
+/// The services of one leadership: the follower and, through it, every supervisor.
+struct Running {
+    stop: CancellationToken,
+    follower: AbortOnDropHandle<()>,
+    grace: Duration,
+}
+
+#[async_trait]
+impl RunningServices for Running {
+    async fn stop(mut self: Box<Self>) {
+        tracing::info!("stopping services");
+        self.stop.cancel();
+        // A reconciliation in progress may be waiting out a replaced service's grace period
+        // before the follower stops the rest: two grace periods at most, then it is aborted.
+        let bound = self
+            .grace
+            .saturating_mul(2)
+            .saturating_add(Duration::from_secs(3));
+        if tokio::time::timeout(bound, &mut self.follower)
+            .await
+            .is_err()
+        {
+            tracing::error!("services did not stop after their grace period; aborting them");
+            self.follower.abort();
+            let _ = (&mut self.follower).await;
+        }
+        tracing::info!("services stopped");
+    }
+}
