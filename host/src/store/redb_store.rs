@@ -20,7 +20,7 @@ mod schema;
 mod tests;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -73,6 +73,10 @@ struct Inner {
     released: Notify,
     /// Wakes waiters when another process writes the file; `None` if inotify is unavailable.
     watch: Option<FileWatch>,
+    /// The release counter as this handle last read it (at open, then by every waiter). A
+    /// waiter compares against it rather than reading the counter before it waits: see
+    /// [`TtlStore::wait_released`].
+    releases_seen: AtomicU64,
     /// The reopen under way, if any ([`RedbStore::reopen`]): at most one at a time, and
     /// [`RedbStore::close`] waits for it, since it holds the database too.
     reopening: Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -157,9 +161,14 @@ impl RedbStore {
         let path = path.as_ref().to_path_buf();
         let opened = {
             let path = path.clone();
-            tokio::task::spawn_blocking(move || Handle::open(&path, read_only, busy_timeout)).await
+            tokio::task::spawn_blocking(move || {
+                let db = Handle::open(&path, read_only, busy_timeout)?;
+                let releases = read_releases(&db.begin_read()?)?;
+                Ok((db, releases))
+            })
+            .await
         };
-        let db = opened
+        let (db, releases) = opened
             .unwrap_or_else(|e| Err(Fault::Aborted(e.to_string())))
             .map_err(|f| f.into_store_error(&path, "open"))?;
         // Only campaigning hosts wait for releases.
@@ -185,6 +194,7 @@ impl RedbStore {
                 busy_timeout,
                 released: Notify::new(),
                 watch,
+                releases_seen: AtomicU64::new(releases),
                 reopening: Mutex::new(None),
             }),
         })
@@ -307,16 +317,23 @@ impl RedbStore {
         }));
     }
 
-    /// How many releases the file has recorded; see [`RELEASES_KEY`].
+    /// How many releases the file has recorded; see [`RELEASES_KEY`]. Remembered as the
+    /// newest count seen.
     async fn releases(&self) -> Result<u64, StoreError> {
-        self.read("read the release counter", |txn, _| {
-            Ok(txn
-                .open_table(META)?
-                .get(RELEASES_KEY)?
-                .map_or(0, |v| v.value()))
-        })
-        .await
+        let count = self
+            .read("read the release counter", |txn, _| read_releases(txn))
+            .await?;
+        self.inner.releases_seen.fetch_max(count, Ordering::SeqCst);
+        Ok(count)
     }
+}
+
+/// The release counter in `txn`'s snapshot; see [`RELEASES_KEY`].
+fn read_releases(txn: &redb::ReadTransaction) -> Result<u64, Fault> {
+    Ok(txn
+        .open_table(META)?
+        .get(RELEASES_KEY)?
+        .map_or(0, |v| v.value()))
 }
 
 /// The machine's clock for store expiry (kernel boot id + `CLOCK_BOOTTIME`).
@@ -432,17 +449,24 @@ impl TtlStore for RedbStore {
                         leases.remove(key.as_str())?;
                         let mut meta = txn.open_table(META)?;
                         let releases = meta.get(RELEASES_KEY)?.map_or(0, |v| v.value());
-                        meta.insert(RELEASES_KEY, releases.wrapping_add(1))?;
-                        Ok((true, true))
+                        let releases = releases.wrapping_add(1);
+                        meta.insert(RELEASES_KEY, releases)?;
+                        Ok((Some(releases), true))
                     }
-                    _ => Ok((false, false)),
+                    _ => Ok((None, false)),
                 }
             })
             .await?;
-        if deleted {
-            self.inner.released.notify_waiters();
-        }
-        Ok(deleted)
+        let Some(releases) = deleted else {
+            return Ok(false);
+        };
+        // Our own release is no news to our next waiter: the in-process `Notify` tells those
+        // waiting now.
+        self.inner
+            .releases_seen
+            .fetch_max(releases, Ordering::SeqCst);
+        self.inner.released.notify_waiters();
+        Ok(true)
     }
 
     async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
@@ -481,11 +505,14 @@ impl TtlStore for RedbStore {
         let notified = self.inner.released.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        // Subscribe first, then read the counter: a release between the two is still seen.
+        // Subscribe first, then take the count last seen as the baseline: it was read before
+        // this poll, so any release after it counts, and the wait begins without a read of the
+        // file (which would compete with the release commit it waits for, and delay the
+        // caller's own next write). A release between that read and this poll makes the first
+        // look return at once: a spurious wake-up, which callers allow for. Reading the counter
+        // here instead would miss a release landing between the subscription and the read.
         let mut changes = self.inner.watch.as_ref().map(FileWatch::subscribe);
-        let Ok(before) = self.releases().await else {
-            return;
-        };
+        let before = self.inner.releases_seen.load(Ordering::SeqCst);
         loop {
             let poll = if changes.is_some() {
                 SAFETY_POLL

@@ -227,6 +227,32 @@ async fn two_handles_share_records_and_a_release_wakes_the_other_handle() {
     assert!(b.insert_if_absent("1", "b", TTL).await.unwrap().unwrap() > term);
 }
 
+/// The waiter's baseline is the release count this handle saw last, not a read at the start of
+/// the wait: a release by another process that landed after that count was read (here: before
+/// the wait began) is never taken as the baseline, so it cannot be missed; the wait ends at
+/// the next write to the file. Reading the count when the wait starts would have taken the
+/// release in and waited on through the unrelated write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_after_the_last_look_ends_the_wait_at_the_next_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::default());
+    let a = RedbStore::open_with_clock(&path, Arc::clone(&clock))
+        .await
+        .unwrap();
+    let b = RedbStore::open_with_clock(&path, clock).await.unwrap();
+    a.insert_if_absent("1", "a", TTL).await.unwrap().unwrap();
+    assert!(a.compare_and_delete("1", "a").await.unwrap());
+    let waiter = tokio::spawn(async move { b.wait_released(Duration::from_mins(1)).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!waiter.is_finished(), "no write since the wait began");
+    a.insert_if_absent("2", "a", TTL).await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the write after the release ended the wait")
+        .unwrap();
+}
+
 #[tokio::test]
 async fn wait_released_returns_after_max_without_a_release() {
     let dir = tempfile::tempdir().unwrap();
