@@ -466,19 +466,20 @@ impl TtlStore for EtcdStore {
                 continue;
             };
             let lease = kv.lease();
-            if !left.contains_key(&lease) {
+            let known = if let Some(known) = left.get(&lease) {
+                *known
+            } else {
                 let ttl = self
                     .call("list", &key, || {
                         let mut leases = self.leases();
                         async move { leases.time_to_live(lease, None).await }
                     })
                     .await?;
-                left.insert(
-                    lease,
-                    (ttl.ttl() >= 0).then(|| (ttl.ttl(), ttl.granted_ttl())),
-                );
-            }
-            let (Some((ttl, granted)), Ok(value)) = (left[&lease], kv.value_str()) else {
+                let known = (ttl.ttl() >= 0).then(|| (ttl.ttl(), ttl.granted_ttl()));
+                left.insert(lease, known);
+                known
+            };
+            let (Some((ttl, granted)), Ok(value)) = (known, kv.value_str()) else {
                 continue;
             };
             let secs = u64::try_from((ttl + 1).min(granted)).unwrap_or(0);
