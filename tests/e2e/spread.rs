@@ -14,13 +14,18 @@ use std::time::{Duration, Instant, SystemTime};
 use rustix::process::Signal;
 use testkit::etcd::EtcdServer;
 use testkit::guests;
-use testkit::host::{Host, Line, PATIENCE};
+use testkit::host::{Host, Line};
+use testkit::spread::running;
 
 use crate::BIN;
 use crate::fencing::{Rng, term_drops};
 
 const SERVICES: usize = 7;
-const LEASE: &str = "2s";
+/// The lease of the group tests: renewals (and so the look that sees a new member) every
+/// second, so a takeover within 500 ms of a release is the release's doing.
+const LEASE: &str = "4s";
+/// The lease of the chaos run: pauses of 0.3–4.3 s then often outlast it.
+const CHAOS_LEASE: &str = "2s";
 
 fn names() -> Vec<String> {
     (0..SERVICES).map(|i| format!("j{i}")).collect()
@@ -50,14 +55,14 @@ fn spread_dir() -> tempfile::TempDir {
     dir
 }
 
-fn serve(name: &'static str, dir: &Path, store: &str) -> Host {
+fn serve(name: &'static str, dir: &Path, store: &str, lease: &str) -> Host {
     let cache = format!("cache-{name}");
     let args = [
         "serve",
         "--store",
         store,
         "--lease",
-        LEASE,
+        lease,
         "--cache-dir",
         &cache,
         "--grace-period",
@@ -75,57 +80,15 @@ fn at(line: &Line) -> SystemTime {
     humantime::parse_rfc3339(&stamp).unwrap()
 }
 
-/// The services `host` runs now, by its last `spread: running` line.
-fn running(host: &Host) -> BTreeSet<String> {
-    host.lines()
-        .iter()
-        .rev()
-        .map(json)
-        .find(|v| v["fields"]["message"] == "spread: running")
-        .and_then(|v| {
-            let list = v["fields"]["services"].as_str()?.to_owned();
-            Some(
-                list.split(',')
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_owned)
-                    .collect(),
-            )
-        })
-        .unwrap_or_default()
-}
-
-/// Waits until every service runs on exactly one of `hosts` and the counts per host, sorted
-/// descending, are `counts`.
+/// Waits until every service runs on exactly one of `hosts` at `counts` per host.
 fn wait_for_rest(hosts: &[&Host], counts: &[usize]) {
-    let end = Instant::now() + PATIENCE;
-    loop {
-        let sets: Vec<BTreeSet<String>> = hosts.iter().map(|h| running(h)).collect();
-        let mut seen: BTreeMap<&String, usize> = BTreeMap::new();
-        for name in sets.iter().flatten() {
-            *seen.entry(name).or_default() += 1;
-        }
-        let once = names().iter().all(|n| seen.get(n) == Some(&1));
-        let mut have: Vec<usize> = sets.iter().map(BTreeSet::len).collect();
-        have.sort_unstable_by(|a, b| b.cmp(a));
-        if once && have == counts {
-            return;
-        }
-        assert!(
-            Instant::now() < end,
-            "no rest at {counts:?} within {PATIENCE:?}: {:?}",
-            hosts
-                .iter()
-                .map(|h| (h.name, running(h)))
-                .collect::<Vec<_>>()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    testkit::spread::wait_for_rest(hosts, &names(), counts);
 }
 
 /// The journal of `service`: its `(term, seq)` lines.
 fn journal(dir: &Path, service: &str) -> Vec<(u64, u64)> {
-    let text = std::fs::read_to_string(dir.join("data").join(service).join("journal"))
-        .unwrap_or_default();
+    let text =
+        std::fs::read_to_string(dir.join("data").join(service).join("journal")).unwrap_or_default();
     text.lines()
         .filter_map(|l| {
             let (t, s) = l.split_once(' ')?;
@@ -152,6 +115,41 @@ fn assert_terms_never_go_down(dir: &Path) -> BTreeMap<String, usize> {
         .collect()
 }
 
+/// `vvm-host status` shows the members and which host runs each service, with its term and
+/// time left, as the hosts' logs say.
+fn assert_status(dir: &Path, store: &str, hosts: &[&Host]) {
+    let out = crate::tools::tool(dir, &["status", "--store", store, "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let members = status["members"].as_array().unwrap();
+    assert_eq!(members.len(), hosts.len(), "{status}");
+    let claims = status["claims"].as_array().unwrap();
+    assert_eq!(claims.len(), SERVICES, "{status}");
+    let mut by_holder: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for claim in claims {
+        assert!(claim["term"].as_u64().unwrap() > 0);
+        assert!(claim["time_left_ms"].as_u64().unwrap() > 0);
+        by_holder
+            .entry(claim["holder"].as_str().unwrap().to_owned())
+            .or_default()
+            .insert(claim["service"].as_str().unwrap().to_owned());
+    }
+    let mut from_status: Vec<BTreeSet<String>> = by_holder.into_values().collect();
+    let mut from_logs: Vec<BTreeSet<String>> = hosts.iter().map(|h| running(h)).collect();
+    from_status.sort();
+    from_logs.sort();
+    assert_eq!(from_status, from_logs);
+    let text = crate::tools::tool(dir, &["status", "--store", store]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("MEMBER") && text.contains("SERVICE"),
+        "{text}"
+    );
+    for name in names() {
+        assert!(text.contains(&name), "{text}");
+    }
+}
+
 fn stop(host: &mut Host) {
     host.signal(Signal::TERM);
     assert!(host.wait_exit().success(), "{} stopped cleanly", host.name);
@@ -162,15 +160,19 @@ fn stop(host: &mut Host) {
 /// is killed (its services move once their claims expire). No service ever runs twice.
 fn group_life(store: &str) {
     let dir = spread_dir();
-    let mut a = serve("a", dir.path(), store);
-    let mut b = serve("b", dir.path(), store);
-    let mut c = serve("c", dir.path(), store);
+    let mut a = serve("a", dir.path(), store, LEASE);
+    let mut b = serve("b", dir.path(), store, LEASE);
+    let mut c = serve("c", dir.path(), store, LEASE);
     wait_for_rest(&[&a, &b, &c], &[3, 2, 2]);
+    assert_status(dir.path(), store, &[&a, &b, &c]);
 
-    let mut d = serve("d", dir.path(), store);
+    let mut d = serve("d", dir.path(), store, LEASE);
     let joined = Instant::now();
     wait_for_rest(&[&a, &b, &c, &d], &[2, 2, 2, 1]);
-    println!("spread: a fourth host got its share {:?} after it started", joined.elapsed());
+    println!(
+        "spread: a fourth host got its share {:?} after it started",
+        joined.elapsed()
+    );
 
     // A graceful leave: its claims are deleted as its services stop, and the others take
     // them at once (they hear the deletes), not after the lease.
@@ -198,9 +200,7 @@ fn group_life(store: &str) {
                 })
             })
             .unwrap();
-        let gap = at(&taken)
-            .duration_since(at(&released))
-            .unwrap_or_default();
+        let gap = at(&taken).duration_since(at(&released)).unwrap_or_default();
         println!("spread: {service} moved {gap:?} after its release");
         assert!(
             gap < Duration::from_millis(500),
@@ -263,7 +263,7 @@ fn spread_chaos_never_runs_a_service_twice() {
     let dir = spread_dir();
     let mut hosts: Vec<Host> = NAMES
         .iter()
-        .map(|n| serve(n, dir.path(), "vvm.redb"))
+        .map(|n| serve(n, dir.path(), "vvm.redb", CHAOS_LEASE))
         .collect();
     let mut ended: Vec<Host> = Vec::new();
     {
@@ -285,7 +285,7 @@ fn spread_chaos_never_runs_a_service_twice() {
         std::thread::sleep(Duration::from_millis(100 + rng.below(900)));
         for (i, name) in NAMES.iter().enumerate() {
             if hosts[i].wait_exit_or(Duration::ZERO).is_some() {
-                let fresh = serve(name, dir.path(), "vvm.redb");
+                let fresh = serve(name, dir.path(), "vvm.redb", CHAOS_LEASE);
                 ended.push(std::mem::replace(&mut hosts[i], fresh));
             }
         }
