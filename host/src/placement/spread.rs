@@ -39,7 +39,7 @@ use crate::elections::{LeaseDeadline, retry_pause, valid_until};
 use crate::killer::Killer;
 use crate::lease_value::RunningReport;
 use crate::problem::{Problem, ProblemReporter};
-use crate::services::{LeaseInfo, RunningServices, SeparateServices, ServiceContext};
+use crate::services::{LeaseInfo, RunningServices, SeparateServices, ServiceContext, ServiceError};
 use crate::store::{Record, Store, StoreError, Term};
 
 /// Key prefix of the service claims.
@@ -585,7 +585,16 @@ impl Host {
             store: Arc::clone(&self.s.store),
             running: RunningReport::detached(),
         };
-        let started = self.s.services.start_one(name, ctx).await;
+        // Renewals wait meanwhile: a start that takes longer than L/4 is given up (dropping it
+        // drops whatever it started), and the claim handed back.
+        let started = tokio::time::timeout(lease / 4, self.s.services.start_one(name, ctx))
+            .await
+            .unwrap_or_else(|_| {
+                Err(ServiceError::Start {
+                    name: name.to_owned(),
+                    reason: "did not start within L/4".to_owned(),
+                })
+            });
         match started {
             Ok(services) => {
                 claim.phase = Phase::Running { stopping, services };

@@ -62,6 +62,10 @@ struct Doubles {
     names: Vec<String>,
     store: MemStore,
     world: Arc<World>,
+    /// A service that reports a problem as soon as it runs on this host.
+    fails: Option<String>,
+    /// A service whose start never ends on this host.
+    hangs: Option<String>,
 }
 
 #[async_trait]
@@ -90,14 +94,30 @@ impl SeparateServices for Doubles {
                 ctx.deadline
             ));
         }
-        let mut running = self.world.running.lock().unwrap();
-        let holders = running.entry(name.to_owned()).or_default();
-        if !holders.is_empty() {
-            self.world
-                .violate(format!("{name} runs on {holders:?} and {}", lease.holder));
+        {
+            let mut running = self.world.running.lock().unwrap();
+            let holders = running.entry(name.to_owned()).or_default();
+            if !holders.is_empty() {
+                self.world
+                    .violate(format!("{name} runs on {holders:?} and {}", lease.holder));
+            }
+            holders.push(lease.holder.clone());
         }
-        holders.push(lease.holder.clone());
-        drop(running);
+        if self.hangs.as_deref() == Some(name) {
+            // Never returns; when the start is given up, the service is gone with it.
+            let _gone = Gone {
+                name: name.to_owned(),
+                holder: lease.holder.clone(),
+                world: Arc::clone(&self.world),
+            };
+            std::future::pending::<()>().await;
+        }
+        if self.fails.as_deref() == Some(name) {
+            ctx.problems.report(crate::problem::Problem::Service {
+                name: name.to_owned(),
+                reason: "fails here".to_owned(),
+            });
+        }
         self.world.starts.lock().unwrap().push(ctx.clone());
         Ok(Box::new(One {
             name: name.to_owned(),
@@ -105,6 +125,22 @@ impl SeparateServices for Doubles {
             store: self.store.clone(),
             world: Arc::clone(&self.world),
         }))
+    }
+}
+
+/// Removes a service that never finished starting from the running ones when dropped.
+struct Gone {
+    name: String,
+    holder: String,
+    world: Arc<World>,
+}
+
+impl Drop for Gone {
+    fn drop(&mut self) {
+        let mut running = self.world.running.lock().unwrap();
+        if let Some(holders) = running.get_mut(&self.name) {
+            holders.retain(|h| *h != self.holder);
+        }
     }
 }
 
@@ -168,12 +204,18 @@ impl Group {
     }
 
     fn join(&self, holder: &str) -> Member {
+        self.join_with(holder, None, None)
+    }
+
+    fn join_with(&self, holder: &str, fails: Option<&str>, hangs: Option<&str>) -> Member {
         let clock: Arc<dyn Clock> = Arc::new(self.clock.clone());
         let (fired, killer) = Killer::counting(Arc::clone(&clock));
         let services = Arc::new(Doubles {
             names: self.names.clone(),
             store: self.store.clone(),
             world: Arc::clone(&self.world),
+            fails: fails.map(str::to_owned),
+            hangs: hangs.map(str::to_owned),
         });
         let config = SpreadConfig {
             lease: L,
@@ -425,5 +467,41 @@ async fn more_hosts_than_services_leave_the_extra_ones_idle_and_disarmed() {
     for h in hosts {
         leave(h).await;
     }
+    g.check();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_service_that_fails_here_is_handed_to_a_healthy_host() {
+    let g = Group::new(2);
+    let a = g.join_with("a", Some("s0"), None);
+    tokio::time::sleep(L / 8).await;
+    let b = g.join("b");
+    tokio::time::sleep(L * 2).await;
+    let running = g.world.running.lock().unwrap().clone();
+    assert_eq!(running["s0"], ["b"], "{running:?}");
+    assert_eq!(running["s1"], ["a"], "{running:?}");
+    g.check();
+    leave(a).await;
+    leave(b).await;
+    g.check();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_start_that_never_ends_is_given_up_and_renewals_go_on() {
+    let g = Group::new(2);
+    let a = g.join_with("a", None, Some("s0"));
+    tokio::time::sleep(L * 3).await;
+    assert_eq!(a.fired.load(Ordering::SeqCst), 0, "renewed meanwhile");
+    assert_eq!(g.world.running.lock().unwrap()["s1"], ["a"]);
+    let b = g.join("b");
+    tokio::time::sleep(L * 2).await;
+    assert_eq!(
+        g.world.running.lock().unwrap()["s0"],
+        ["b"],
+        "taken by the host where it starts"
+    );
+    g.check();
+    leave(a).await;
+    leave(b).await;
     g.check();
 }
