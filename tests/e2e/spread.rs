@@ -8,6 +8,7 @@
 //! Which services a host runs comes from its `spread: running` log lines.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -46,10 +47,12 @@ fn spread_dir() -> tempfile::TempDir {
         .unwrap();
         let data = dir.path().join("data").join(&name);
         std::fs::create_dir_all(&data).unwrap();
-        config.push_str(&format!(
-            "[service.{name}]\ndirs = [\"{}:/data\"]\n",
+        writeln!(
+            config,
+            "[service.{name}]\ndirs = [\"{}:/data\"]",
             data.display()
-        ));
+        )
+        .unwrap();
     }
     std::fs::write(dir.path().join("vvm.toml"), config).unwrap();
     dir
