@@ -124,10 +124,11 @@ fn bench(label: &str, store: &str) {
 }
 
 fn main() {
+    println!("spread placement, {SERVICES} services, L = {LEASE}, {RUNS} runs: time to rest (ms)");
     println!(
-        "spread placement, {SERVICES} services, L = {LEASE}, {RUNS} runs: time to rest (ms)"
+        "{:<6} {:<5} {:>9} {:>9} {:>9}",
+        "store", "", "median", "min", "max"
     );
-    println!("{:<6} {:<5} {:>9} {:>9} {:>9}", "store", "", "median", "min", "max");
     bench("redb", "vvm.redb");
     match EtcdServer::start() {
         Some(etcd) => bench("etcd", &format!("etcd://{}", etcd.endpoint())),

@@ -153,6 +153,11 @@ fn assert_status(dir: &Path, store: &str, hosts: &[&Host]) {
     }
 }
 
+/// The index of the first log line of `host` with every needle.
+fn index(host: &Host, needles: &[&str]) -> usize {
+    host.wait_for_from(0, needles).0
+}
+
 fn stop(host: &mut Host) {
     host.signal(Signal::TERM);
     assert!(host.wait_exit().success(), "{} stopped cleanly", host.name);
@@ -168,6 +173,14 @@ fn group_life(store: &str) {
     let mut c = serve("c", dir.path(), store, LEASE);
     wait_for_rest(&[&a, &b, &c], &[3, 2, 2]);
     assert_status(dir.path(), store, &[&a, &b, &c]);
+    for h in [&a, &b, &c] {
+        // Compile before claiming: every service was loaded before the host claimed any.
+        assert!(
+            index(h, &["services loaded"]) < index(h, &["\"claimed\""]),
+            "{}",
+            h.name
+        );
+    }
 
     let mut d = serve("d", dir.path(), store, LEASE);
     let joined = Instant::now();
@@ -190,6 +203,22 @@ fn group_life(store: &str) {
     let leaving = leaving.into_iter().next().unwrap();
     let moved = running(leaving);
     stop(leaving);
+    // The ordered shutdown, per claim: the group is left first, each service is stopped
+    // before its claim is deleted, and the killer is disarmed last.
+    let left = index(leaving, &["leaving the group"]);
+    let mut last_release = left;
+    for service in &moved {
+        let stopped = index(leaving, &["service stopped", service]);
+        let released = index(leaving, &["claim released", service]);
+        assert!(left < stopped && stopped < released, "{service}");
+        last_release = last_release.max(released);
+    }
+    let disarmed = leaving
+        .lines()
+        .iter()
+        .rposition(|l| l.text.contains("killer disarmed"))
+        .unwrap();
+    assert!(last_release < disarmed);
     let staying: Vec<&Host> = staying.into_iter().map(|h| &*h).collect();
     wait_for_rest(&staying, &[3, 2, 2]);
     for service in &moved {
@@ -246,11 +275,23 @@ fn spread_on_etcd_shares_seven_services_and_moves_them_without_overlap() {
     group_life(&format!("etcd://{}", etcd.endpoint()));
 }
 
+#[test]
+fn spread_chaos_on_redb_never_runs_a_service_twice() {
+    chaos("vvm.redb");
+}
+
+#[test]
+fn spread_chaos_on_etcd_never_runs_a_service_twice() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    chaos(&format!("etcd://{}", etcd.endpoint()));
+}
+
 /// Chaos: 3 hosts, random SIGKILL, SIGSTOP (then SIGCONT) and SIGTERM, a host that ends is
 /// started again. In every service's journal the terms never go down. `VVM_SOAK_FAULTS` sets
 /// the number of faults (default 12).
-#[test]
-fn spread_chaos_never_runs_a_service_twice() {
+fn chaos(store: &str) {
     const NAMES: [&str; 3] = ["h0", "h1", "h2"];
     let faults: usize = std::env::var("VVM_SOAK_FAULTS")
         .ok()
@@ -266,7 +307,7 @@ fn spread_chaos_never_runs_a_service_twice() {
     let dir = spread_dir();
     let mut hosts: Vec<Host> = NAMES
         .iter()
-        .map(|n| serve(n, dir.path(), "vvm.redb", CHAOS_LEASE))
+        .map(|n| serve(n, dir.path(), store, CHAOS_LEASE))
         .collect();
     let mut ended: Vec<Host> = Vec::new();
     {
@@ -288,7 +329,7 @@ fn spread_chaos_never_runs_a_service_twice() {
         std::thread::sleep(Duration::from_millis(100 + rng.below(900)));
         for (i, name) in NAMES.iter().enumerate() {
             if hosts[i].wait_exit_or(Duration::ZERO).is_some() {
-                let fresh = serve(name, dir.path(), "vvm.redb", CHAOS_LEASE);
+                let fresh = serve(name, dir.path(), store, CHAOS_LEASE);
                 ended.push(std::mem::replace(&mut hosts[i], fresh));
             }
         }
