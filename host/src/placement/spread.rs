@@ -38,6 +38,7 @@ use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::elections::{LeaseDeadline, retry_pause, valid_until};
 use crate::killer::Killer;
 use crate::lease_value::RunningReport;
+use crate::ops::{Ops, RenewalOutcome};
 use crate::problem::{Problem, ProblemReporter};
 use crate::services::{LeaseInfo, RunningServices, SeparateServices, ServiceContext, ServiceError};
 use crate::store::{Record, Store, StoreError, Term};
@@ -283,6 +284,14 @@ impl Host {
                 .unwrap_or_else(|_| {
                     Err(StoreError::transient("renew_all", "no answer within L/10"))
                 });
+            let took = self
+                .s
+                .clock
+                .now()
+                .since_boot
+                .saturating_sub(start.since_boot);
+            let answer = outcome.as_ref().map(|_| true).map_err(|_| ());
+            Ops::global().renewal(RenewalOutcome::of(&answer), took);
             match outcome {
                 Ok(renewed) => {
                     self.last_renewal = Some(start);
