@@ -6,8 +6,8 @@
 //! Every host runs copies of the rust-ticker guest with a warm compile cache; times are taken
 //! when the test process reads the hosts' log lines:
 //! - join: from the new host's `joined` line to the `spread: running` line that completes the
-//!   rest at 2/2/2/1. The others see the new member at their next renewal (every `L/4`), then
-//!   hand over (stop signal, grace period, drop, delete), and the newcomer claims at once;
+//!   rest at 2/2/2/1. The join wakes the others, who hand over (stop signal, grace period,
+//!   drop, delete), and the newcomer claims at once;
 //! - leave: from sending SIGTERM to the host with three services to the `spread: running`
 //!   line that completes the rest at 3/2/2 on the other three (its claims are deleted as its
 //!   services stop; the others hear each delete).

@@ -7,7 +7,8 @@
 //! - **Membership.** Each host keeps `member/<holder>`. A host's share is its part of the
 //!   services split over the live members ([`super::fair_share`]): below it, the host claims
 //!   free (or expired) services; above it, it hands its surplus over gracefully (stop signal,
-//!   grace period, drop, then delete the claim, which wakes the others at once).
+//!   grace period, drop, then delete the claim, which wakes the others at once). A joining
+//!   host wakes the others too ([`ANNOUNCE_PREFIX`]), so they hand over at once.
 //! - **One renewal.** Every `L/4` one store write renews every record carrying this host's
 //!   holder value ([`crate::store::TtlStore::renew_all`]). What it returns is what the host
 //!   holds: its own memory of its claims is never trusted (seed 003). A claim the renewal did
@@ -47,6 +48,8 @@ use crate::store::{Record, Store, StoreError, Term};
 pub const SERVICE_PREFIX: &str = "service/";
 /// Key prefix of the membership records.
 pub const MEMBER_PREFIX: &str = "member/";
+/// Key prefix of the records a joining host writes and deletes at once to wake the others.
+pub const ANNOUNCE_PREFIX: &str = "announce/";
 /// Renewal attempts per round before every claim is given up (as for a slot, SPEC §4).
 const RENEW_ATTEMPTS: u32 = 3;
 
@@ -151,6 +154,21 @@ impl Spread {
             }
         }
         host.leave().await;
+    }
+}
+
+/// Wakes the other hosts now rather than at their next renewal, so they see a new member
+/// and hand over at once: a record written and deleted straight away is a release every
+/// waiting host hears ([`crate::store::TtlStore::wait_released`]; its spurious wake-ups are
+/// allowed, so nothing else minds). Best effort: failing that, they see it within `L/4`.
+async fn announce(store: &dyn Store, holder: &str, lease: Duration) {
+    let key = format!("{ANNOUNCE_PREFIX}{holder}");
+    let announce = async {
+        store.insert_if_absent(&key, holder, lease).await?;
+        store.compare_and_delete(&key, holder).await
+    };
+    if let Ok(Err(e)) = tokio::time::timeout(lease / 10, announce).await {
+        tracing::debug!(error = %e, "announcing the join failed; the others see it at their next renewal");
     }
 }
 
@@ -453,9 +471,12 @@ impl Host {
             .insert_if_absent(&self.member, self.holder(), lease);
         match tokio::time::timeout(lease / 10, insert).await {
             // Holder values are unique: a live record under our key is ours.
-            Ok(Ok(_)) => {
+            Ok(Ok(inserted)) => {
                 self.member_known = true;
                 tracing::info!(member = self.member, "joined");
+                if inserted.is_some() {
+                    announce(&*self.s.store, self.holder(), lease).await;
+                }
             }
             Ok(Err(e)) => tracing::warn!(error = %e, "joining failed; will retry"),
             Err(_) => tracing::warn!("joining timed out; will retry"),
