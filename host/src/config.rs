@@ -77,6 +77,8 @@ pub struct FileConfig {
     /// [`crate::holder_lock`]). Default: `<store>.holders` beside a redb store; none for etcd,
     /// where it is worth setting when several hosts share a machine.
     pub lock_dir: Option<PathBuf>,
+    /// How services are placed on the hosts: `together` (default) or `spread`.
+    pub placement: Option<crate::placement::Placement>,
     /// etcd client options.
     pub etcd: Option<EtcdFileConfig>,
     /// Per-service grants, keyed by service name (the `.wasm` file stem).
@@ -270,6 +272,8 @@ pub struct Settings {
     pub metrics_addr: Option<SocketAddr>,
     /// Directory of the crash locks, if there is one.
     pub lock_dir: Option<PathBuf>,
+    /// How services are placed on the hosts.
+    pub placement: crate::placement::Placement,
 }
 
 impl Settings {
@@ -332,6 +336,7 @@ impl Settings {
                 .or(file.cache_dir)
                 .unwrap_or_else(|| default_cache_dir(&services)),
             metrics_addr: flags.metrics_addr.or(file.metrics_addr),
+            placement: flags.placement.or(file.placement).unwrap_or_default(),
             services,
             grants: file.service,
         };

@@ -73,6 +73,14 @@ impl LeaseDeadline {
         (tx, Self { until, clock })
     }
 
+    /// A deadline on `clock` that follows `tx` (spread placement keeps one per claim).
+    pub fn from_sender(clock: Arc<dyn Clock>, tx: &watch::Sender<Timestamp>) -> Self {
+        Self {
+            until: tx.subscribe(),
+            clock,
+        }
+    }
+
     /// The moment the lease stops being valid locally.
     pub fn get(&self) -> Timestamp {
         *self.until.borrow()

@@ -11,6 +11,7 @@
 //! - [`services`]: what the lifecycle starts once a slot is held (the seam to the runtime).
 //! - [`holder_lock`]: the crash lock: a standby learns from the kernel that a holder is gone.
 //! - [`vvm`]: the lifecycle: provide, launch, leadership monitor, ordered shutdown.
+//! - [`placement`]: which host runs which service: together on a slot, or spread by claims.
 //! - [`runtime`]: the wasmtime host: components, sandboxes, fencing, supervision.
 //! - [`serve`]: the serve loop: lead, stand by, campaign again after a problem, until stopped.
 //! - [`ops`]: metrics, liveness and the operations endpoint (`/healthz`, `/leader`, `/metrics`).
@@ -25,6 +26,7 @@ pub mod holder_lock;
 pub mod killer;
 pub mod lease_value;
 pub mod ops;
+pub mod placement;
 pub mod problem;
 pub mod runtime;
 pub mod serve;

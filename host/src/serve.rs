@@ -14,10 +14,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::{ConfigError, Settings};
 use crate::holder_lock::HolderLockDir;
+use crate::placement::{Placement, Spread, SpreadConfig};
 use crate::problem::Problem;
 use crate::runtime::{RuntimeConfig, WasmServices};
 use crate::services::Services;
@@ -76,6 +78,16 @@ pub async fn serve_until_reloading(
     );
     let mut backoff = LocalBackoff::new(settings.lease);
     let mut stopping = false;
+    if settings.placement == Placement::Spread {
+        serve_spread(
+            &settings,
+            store.shared(),
+            Arc::clone(&wasm),
+            shutdown.as_mut(),
+        )
+        .await;
+        stopping = true;
+    }
     while !stopping {
         let config = VvmConfig {
             cluster_size: settings.cluster_size,
@@ -135,6 +147,29 @@ pub async fn serve_until_reloading(
     store.close().await;
     tracing::info!(store = settings.store, "store closed");
     Ok(())
+}
+
+/// Serves under spread placement ([`crate::placement::spread`]) until `shutdown` resolves,
+/// then leaves the group in order. Store failures are retried inside; nothing ends it early.
+async fn serve_spread(
+    settings: &Settings,
+    store: Arc<dyn crate::store::Store>,
+    services: Arc<WasmServices>,
+    shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
+) {
+    let config = SpreadConfig {
+        lease: settings.lease,
+        holder: holder_value(),
+    };
+    let stop = CancellationToken::new();
+    let run = Spread::new(config, store, services).run(stop.clone());
+    tokio::pin!(run);
+    tokio::select! {
+        () = &mut run => return,
+        () = shutdown => {}
+    }
+    stop.cancel();
+    run.await;
 }
 
 /// How long to stand aside after a problem that is this host's own (a service that fails
@@ -242,6 +277,7 @@ fn needs_restart(a: &Settings, b: &Settings) -> Vec<&'static str> {
         ("cache-dir", a.cache_dir != b.cache_dir),
         ("metrics-addr", a.metrics_addr != b.metrics_addr),
         ("lock-dir", a.lock_dir != b.lock_dir),
+        ("placement", a.placement != b.placement),
     ];
     differs
         .into_iter()

@@ -17,7 +17,8 @@ use crate::store::{Store, Term};
 /// The lease a set of services runs under, as guests see it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaseInfo {
-    /// The slot held, 1..=cluster size.
+    /// The slot held, 1..=cluster size; 0 under spread placement, where each service holds
+    /// a claim of its own (`key` names it).
     pub slot: u32,
     /// The store key of that slot's lease record.
     pub key: String,
@@ -75,4 +76,21 @@ pub trait RunningServices: Send {
     /// Tells every service to stop, waits out the grace period, then drops every instance
     /// still there. Returns when no guest code can run any more.
     async fn stop(self: Box<Self>);
+}
+
+/// The services of spread placement ([`crate::placement`]): each one started on its own,
+/// under a claim of its own.
+#[async_trait]
+pub trait SeparateServices: Send + Sync + 'static {
+    /// The names of the services there are now, sorted.
+    fn names(&self) -> Vec<String>;
+
+    /// Starts the service `name` alone under `ctx.lease` (its claim); returns once it has
+    /// started. It follows the services directory as [`Services::start`] does: a replaced
+    /// version is swapped, a removed service stops.
+    async fn start_one(
+        &self,
+        name: &str,
+        ctx: ServiceContext,
+    ) -> Result<Box<dyn RunningServices>, ServiceError>;
 }

@@ -4,7 +4,8 @@
 //! - [`etcd`]: a throw-away `etcd` process, or a 3-member cluster of them;
 //! - [`host`]: a running `vvm-host` process and its JSON log lines;
 //! - [`guests`]: the guest components of `guest-examples/`, built once per test binary;
-//! - [`logs`]: the tracing events of the test process, captured.
+//! - [`logs`]: the tracing events of the test process, captured;
+//! - [`spread`]: spread placement as the hosts' logs show it.
 //!
 //! # Why this crate never depends on vvm-host
 //!
@@ -23,3 +24,4 @@ pub mod etcd;
 pub mod guests;
 pub mod host;
 pub mod logs;
+pub mod spread;

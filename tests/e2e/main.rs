@@ -13,6 +13,7 @@ mod languages;
 mod live_dir;
 mod netns;
 mod ops;
+mod spread;
 mod systemd;
 mod tools;
 

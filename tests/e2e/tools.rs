@@ -13,7 +13,7 @@ use testkit::guests;
 use testkit::host::cluster_dir;
 
 /// Runs `vvm-host <args>` in `dir` as a script would: pipes, no `RUST_LOG`, text logs.
-fn tool(dir: &Path, args: &[&str]) -> Output {
+pub(crate) fn tool(dir: &Path, args: &[&str]) -> Output {
     Command::new(BIN)
         .args(args)
         .current_dir(dir)

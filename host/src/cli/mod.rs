@@ -191,6 +191,11 @@ pub struct ServeArgs {
     /// over from a killed leader at once [default: <store>.holders for redb; none for etcd].
     #[arg(long, env = "VVM_LOCK_DIR", value_name = "DIR")]
     pub lock_dir: Option<PathBuf>,
+    /// How services are placed: `together` (a leader on a slot runs every service) or
+    /// `spread` (each service is claimed on its own; the hosts share them out) [default:
+    /// together].
+    #[arg(long, env = "VVM_PLACEMENT", value_enum)]
+    pub placement: Option<crate::placement::Placement>,
 }
 
 impl StoreArgs {
@@ -235,6 +240,7 @@ impl ServeArgs {
             cache_dir: self.cache_dir.clone(),
             metrics_addr: self.metrics_addr,
             lock_dir: self.lock_dir.clone(),
+            placement: self.placement,
             ..self.store.layer()
         };
         Settings::resolve(flags, self.store.config.as_deref())

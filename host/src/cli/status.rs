@@ -6,15 +6,20 @@ use std::process::ExitCode;
 use super::StoreArgs;
 use crate::config;
 use crate::lease_value;
+use crate::placement::Placement;
+use crate::placement::spread::{MEMBER_PREFIX, SERVICE_PREFIX};
 use crate::runtime::RuntimeConfig;
-use crate::store;
+use crate::store::{self, Record};
 use crate::vvm::slot_key;
 
 /// Prints who holds each slot, with term and time left, and the services running there and
 /// since when: a table, or with `json` one JSON object (`{"slots": [{"slot", "holder",
 /// "term", "time_left_ms", "services": [{"name", "version", "since"}]}]}`, `since` in Unix
 /// seconds, `null`s for a free slot). The services are those the leader wrote with its last
-/// renewal ([`crate::lease_value`]). Safe while hosts serve.
+/// renewal ([`crate::lease_value`]). Under spread placement (or whenever there are any), the
+/// members and each service's claim instead (JSON: `"members": [{"holder", "time_left_ms"}]`,
+/// `"claims": [{"service", "holder", "term", "time_left_ms"}]`, always present). Safe while
+/// hosts serve.
 pub(super) async fn status(args: &StoreArgs, json: bool) -> anyhow::Result<ExitCode> {
     let settings = args.settings()?;
     let opened = store::open(&settings, true).await?;
@@ -23,6 +28,8 @@ pub(super) async fn status(args: &StoreArgs, json: bool) -> anyhow::Result<ExitC
     for slot in 1..=settings.cluster_size {
         slots.push((slot, store.get(&slot_key(slot)).await?));
     }
+    let members = store.list(MEMBER_PREFIX).await?;
+    let claims = store.list(SERVICE_PREFIX).await?;
     drop(store);
     opened.close().await;
     if json {
@@ -47,7 +54,27 @@ pub(super) async fn status(args: &StoreArgs, json: bool) -> anyhow::Result<ExitC
                 }),
             })
             .collect();
-        println!("{}", serde_json::json!({ "slots": slots }));
+        let members: Vec<_> = members
+            .iter()
+            .map(|(_, r)| serde_json::json!({ "holder": r.value, "time_left_ms": ms(r) }))
+            .collect();
+        let claims: Vec<_> = claims
+            .iter()
+            .map(|(key, r)| {
+                serde_json::json!({
+                    "service": key.strip_prefix(SERVICE_PREFIX).unwrap_or(key),
+                    "holder": r.value, "term": r.term, "time_left_ms": ms(r),
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({ "slots": slots, "members": members, "claims": claims })
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    if settings.placement == Placement::Spread || !members.is_empty() || !claims.is_empty() {
+        print_spread(&members, &claims);
         return Ok(ExitCode::SUCCESS);
     }
     println!(
@@ -79,6 +106,39 @@ pub(super) async fn status(args: &StoreArgs, json: bool) -> anyhow::Result<ExitC
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Time left of a record in milliseconds, for JSON.
+fn ms(record: &Record) -> u64 {
+    u64::try_from(record.time_left.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Spread placement's view: the live members, and which host runs each service.
+fn print_spread(members: &[(String, Record)], claims: &[(String, Record)]) {
+    println!("{:<48} {:>10} {:>9}", "MEMBER", "SERVICES", "TIME LEFT");
+    for (_, m) in members {
+        let held = claims.iter().filter(|(_, c)| c.value == m.value).count();
+        println!(
+            "{:<48} {:>10} {:>8.1}s",
+            m.value,
+            held,
+            m.time_left.as_secs_f64()
+        );
+    }
+    println!();
+    println!(
+        "{:<24} {:<48} {:>8} {:>10}",
+        "SERVICE", "HOLDER", "TERM", "TIME LEFT"
+    );
+    for (key, c) in claims {
+        println!(
+            "{:<24} {:<48} {:>8} {:>9.1}s",
+            key.strip_prefix(SERVICE_PREFIX).unwrap_or(key),
+            c.value,
+            c.term,
+            c.time_left.as_secs_f64()
+        );
+    }
 }
 
 /// Validates every component in `dir` (world, imports) without serving.

@@ -26,12 +26,14 @@ use super::supervisor::supervise;
 use crate::lease_value::RunningService;
 use crate::services::{RunningServices, ServiceContext};
 
-/// Starts every service of the catalogue under `ctx.lease`, returns once each has started
-/// (or the stop came), and from then on follows the catalogue until stopped.
+/// Starts every service of the catalogue under `ctx.lease` (with `only`, just that one: spread
+/// placement runs each service under its own claim), returns once each has started (or the
+/// stop came), and from then on follows the catalogue until stopped.
 pub(crate) async fn start(
     rt: Arc<Runtime>,
     mut catalogue: watch::Receiver<Catalogue>,
     ctx: ServiceContext,
+    only: Option<String>,
 ) -> Box<dyn RunningServices> {
     let stop = ctx.stopping.child_token();
     let grace = rt.config.grace_period;
@@ -41,8 +43,9 @@ pub(crate) async fn start(
         ctx,
         stop: stop.clone(),
         running: BTreeMap::new(),
+        only,
     };
-    let initial = catalogue.borrow_and_update().clone();
+    let initial = reconciler.wanted(&catalogue.borrow_and_update());
     let started: Vec<_> = initial
         .values()
         .map_while(|svc| (!stop.is_cancelled()).then(|| reconciler.start(svc)))
@@ -83,9 +86,23 @@ struct Reconciler {
     /// Cancelled when every service must stop.
     stop: CancellationToken,
     running: BTreeMap<String, Supervised>,
+    /// The one service this leadership runs, if not all of them.
+    only: Option<String>,
 }
 
 impl Reconciler {
+    /// The services of `catalogue` this leadership runs.
+    fn wanted(&self, catalogue: &Catalogue) -> Catalogue {
+        match &self.only {
+            None => catalogue.clone(),
+            Some(name) => catalogue
+                .get_key_value(name)
+                .map(|(k, v)| (k.clone(), Arc::clone(v)))
+                .into_iter()
+                .collect(),
+        }
+    }
+
     /// Starts `svc`'s supervisor; the receiver hears when its first instance is up.
     fn start(&mut self, svc: &Arc<Loaded>) -> oneshot::Receiver<()> {
         let stop = self.stop.child_token();
@@ -166,7 +183,7 @@ impl Reconciler {
                     }
                 }
             }
-            let now = catalogue.borrow_and_update().clone();
+            let now = self.wanted(&catalogue.borrow_and_update());
             self.apply(&now).await;
         }
         let all: Vec<String> = self.running.keys().cloned().collect();

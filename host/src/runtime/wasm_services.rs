@@ -16,7 +16,7 @@ use super::live_dir::{Catalogue, LiveDir};
 use super::progress::Progress;
 use super::reconcile;
 use super::{Grants, RuntimeConfig, RuntimeError};
-use crate::services::{RunningServices, ServiceContext, ServiceError, Services};
+use crate::services::{RunningServices, SeparateServices, ServiceContext, ServiceError, Services};
 
 /// The services of one directory, compiled and pre-instantiated, ready to start under a
 /// lease. Cheap to start many times (once per leadership). With [`WasmServices::follow_dir`]
@@ -148,7 +148,24 @@ impl WasmServices {
 #[async_trait]
 impl Services for WasmServices {
     async fn start(&self, ctx: ServiceContext) -> Result<Box<dyn RunningServices>, ServiceError> {
-        Ok(reconcile::start(Arc::clone(&self.rt), self.catalogue.subscribe(), ctx).await)
+        Ok(reconcile::start(Arc::clone(&self.rt), self.catalogue.subscribe(), ctx, None).await)
+    }
+}
+
+#[async_trait]
+impl SeparateServices for WasmServices {
+    fn names(&self) -> Vec<String> {
+        self.catalogue.borrow().keys().cloned().collect()
+    }
+
+    async fn start_one(
+        &self,
+        name: &str,
+        ctx: ServiceContext,
+    ) -> Result<Box<dyn RunningServices>, ServiceError> {
+        let catalogue = self.catalogue.subscribe();
+        let only = Some(name.to_owned());
+        Ok(reconcile::start(Arc::clone(&self.rt), catalogue, ctx, only).await)
     }
 }
 

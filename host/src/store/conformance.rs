@@ -56,7 +56,9 @@ macro_rules! suite {
             records_from_before_a_reboot_are_expired, kv_writes_are_fenced_by_term,
             a_stale_writer_racing_a_takeover_never_lands_after_the_new_one,
             an_insert_applied_despite_an_error_is_retaken_at_once_and_cleaned_up,
-            wait_released_wakes_on_delete);
+            wait_released_wakes_on_delete, list_returns_the_live_records_under_a_prefix,
+            renew_all_renews_every_record_of_the_holder_and_no_other,
+            renew_all_never_renews_a_record_the_holder_lost);
     };
     // `optional: expr` takes an `Option` of a backend; `None` (e.g. a missing server binary,
     // reported by whoever built the option) turns every case into a no-op.
@@ -428,6 +430,172 @@ pub(crate) async fn wait_released_wakes_on_delete<B: Backend>(b: &mut B) {
         .unwrap();
 }
 
+pub(crate) async fn list_returns_the_live_records_under_a_prefix<B: Backend>(b: &mut B) {
+    let clock = ManualClock::default();
+    let s = b.open(&clock).await;
+    let tb = s
+        .insert_if_absent("member/b", "b", B::TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    let ta = s
+        .insert_if_absent("member/a", "a", B::TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    s.insert_if_absent("service/x", "a", B::TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    s.insert_if_absent("memberx", "a", B::TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    let members = s.list("member/").await.unwrap();
+    let seen: Vec<(&str, &str, u64)> = members
+        .iter()
+        .map(|(k, r)| (k.as_str(), r.value.as_str(), r.term))
+        .collect();
+    assert_eq!(
+        seen,
+        [("member/a", "a", ta), ("member/b", "b", tb)],
+        "sorted by key"
+    );
+    assert!(
+        members
+            .iter()
+            .all(|(_, r)| r.time_left <= B::TTL + Duration::from_secs(1))
+    );
+    assert_eq!(s.list("service/").await.unwrap().len(), 1);
+    assert!(s.list("nothing/").await.unwrap().is_empty());
+    // Deleted and expired records are not listed.
+    assert!(s.compare_and_delete("member/b", "b").await.unwrap());
+    assert_eq!(s.list("member/").await.unwrap().len(), 1);
+    b.advance(&clock, B::TTL + B::EXPIRY_LAG).await;
+    assert!(s.list("member/").await.unwrap().is_empty());
+}
+
+pub(crate) async fn renew_all_renews_every_record_of_the_holder_and_no_other<B: Backend>(
+    b: &mut B,
+) {
+    let clock = ManualClock::default();
+    let s = b.open(&clock).await;
+    let tx = s
+        .insert_if_absent("service/x", "h", B::TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    let ty = s
+        .insert_if_absent("service/y", "h", B::TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    let tm = s
+        .insert_if_absent("member/h", "h", B::TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    s.insert_if_absent("service/z", "other", B::TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    s.insert_if_absent("slot/1", "h", B::TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    b.advance(&clock, B::TTL.checked_sub(Duration::from_secs(2)).unwrap())
+        .await;
+    let renewed = s
+        .renew_all(&["service/", "member/"], "h", B::TTL)
+        .await
+        .unwrap();
+    assert_eq!(
+        renewed,
+        [
+            ("member/h".to_owned(), tm),
+            ("service/x".to_owned(), tx),
+            ("service/y".to_owned(), ty)
+        ],
+        "sorted by key, with their terms"
+    );
+    // Renewed records keep working as records: fenced writes, deletes.
+    let fence = Fence {
+        lease_key: "service/x",
+        term: tx,
+    };
+    assert!(s.kv_set(&fence, "x", "k", b"1").await.unwrap());
+    assert!(s.compare_and_delete("service/x", "h").await.unwrap());
+    assert_eq!(
+        s.renew_all(&["service/", "member/"], "h", B::TTL)
+            .await
+            .unwrap(),
+        [("member/h".to_owned(), tm), ("service/y".to_owned(), ty)]
+    );
+    b.advance(&clock, B::TTL.checked_sub(Duration::from_secs(1)).unwrap())
+        .await;
+    for key in ["service/y", "member/h"] {
+        let record = s.get(key).await.unwrap();
+        assert_eq!(
+            record.map(|r| r.value),
+            Some("h".to_owned()),
+            "{key} renewed"
+        );
+    }
+    b.advance(&clock, B::EXPIRY_LAG).await;
+    assert!(
+        s.get("service/z").await.unwrap().is_none(),
+        "another holder's"
+    );
+    assert!(
+        s.get("slot/1").await.unwrap().is_none(),
+        "outside the prefixes"
+    );
+}
+
+pub(crate) async fn renew_all_never_renews_a_record_the_holder_lost<B: Backend>(b: &mut B) {
+    let clock = ManualClock::default();
+    let s = b.open(&clock).await;
+    // Lost by expiry: the renewal must not bring it back.
+    s.insert_if_absent("service/x", "h", B::TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    // Lost to another holder after a delete.
+    s.insert_if_absent("service/y", "h", B::TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(s.compare_and_delete("service/y", "h").await.unwrap());
+    s.insert_if_absent("service/y", "other", B::TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    b.advance(&clock, B::TTL + B::EXPIRY_LAG).await;
+    let ty = s
+        .insert_if_absent("service/y", "other2", B::TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        s.renew_all(&["service/"], "h", B::TTL).await.unwrap(),
+        [],
+        "nothing is the holder's any more"
+    );
+    assert!(s.get("service/x").await.unwrap().is_none());
+    let y = s.get("service/y").await.unwrap().unwrap();
+    assert_eq!((y.value.as_str(), y.term), ("other2", ty));
+    // The holder takes one again: a new term, renewed from then on.
+    let tx = s
+        .insert_if_absent("service/x", "h", B::TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        s.renew_all(&["service/"], "h", B::TTL).await.unwrap(),
+        [("service/x".to_owned(), tx)]
+    );
+}
+
 /// A backend whose first insert is applied and then reported as a transient error: a write
 /// of unknown outcome (an etcd timeout after the cluster applied it, a redb commit whose
 /// answer was lost).
@@ -478,6 +646,19 @@ impl<S: Store> TtlStore for AppliedThenFailed<S> {
 
     async fn get(&self, key: &str) -> Result<Option<super::Record>, super::StoreError> {
         self.inner.get(key).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<(String, super::Record)>, super::StoreError> {
+        self.inner.list(prefix).await
+    }
+
+    async fn renew_all(
+        &self,
+        prefixes: &[&str],
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Vec<(String, super::Term)>, super::StoreError> {
+        self.inner.renew_all(prefixes, holder, ttl).await
     }
 
     async fn wait_released(&self, max: Duration) {

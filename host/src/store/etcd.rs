@@ -31,7 +31,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use etcd_client::{
     Client, Compare, CompareOp, DeleteOptions, EventType, GetOptions, KvClient, LeaseClient,
-    PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions,
+    LeaseTimeToLiveOptions, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchFilterType,
+    WatchOptions,
 };
 use tonic::Code;
 
@@ -246,6 +247,50 @@ impl EtcdStore {
             .and_then([TxnOp::put(record, new, Some(put))])
     }
 
+    /// Every key-value under the record prefix + `prefix`.
+    async fn range(
+        &self,
+        op: &str,
+        prefix: &str,
+    ) -> Result<Vec<etcd_client::KeyValue>, StoreError> {
+        let from = self.record_key(prefix);
+        let mut response = self
+            .call(op, prefix, || {
+                let (mut kv, from) = (self.kv(), from.clone());
+                async move { kv.get(from, Some(GetOptions::new().with_prefix())).await }
+            })
+            .await?;
+        self.saw(response.header());
+        Ok(response.take_kvs())
+    }
+
+    /// The record key of an etcd key under the record prefix, if it is one and UTF-8.
+    fn record_name(&self, kv: &etcd_client::KeyValue) -> Option<String> {
+        let full = kv.key_str().ok()?;
+        full.strip_prefix(&self.record_key("")).map(str::to_owned)
+    }
+
+    /// Revokes `lease` if no record is attached to it any more.
+    async fn revoke_if_empty(&self, lease: i64) {
+        if lease == 0 {
+            return;
+        }
+        let attached = self
+            .call("revoke", "", || {
+                let mut leases = self.leases();
+                let options = LeaseTimeToLiveOptions::new().with_keys();
+                async move { leases.time_to_live(lease, Some(options)).await }
+            })
+            .await;
+        match attached {
+            Ok(ttl) if ttl.keys().is_empty() => self.revoke_quietly(lease).await,
+            Ok(_) => {}
+            Err(e) => {
+                tracing::debug!(lease, error = %e, "could not read an etcd lease; it will run out");
+            }
+        }
+    }
+
     async fn revoke_quietly(&self, lease: i64) {
         if lease == 0 {
             return;
@@ -379,7 +424,9 @@ impl TtlStore for EtcdStore {
         if response.succeeded() {
             self.written_on().remove(key);
             tracing::debug!(key, value = expected, "etcd record deleted");
-            self.revoke_quietly(previous_lease(&response)).await;
+            // Spread placement keeps a host's records on one lease (`renew_all`): the
+            // others still need it.
+            self.revoke_if_empty(previous_lease(&response)).await;
         }
         Ok(response.succeeded())
     }
@@ -408,6 +455,109 @@ impl TtlStore for EtcdStore {
             }));
         }
         Ok(None)
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<(String, Record)>, StoreError> {
+        let mut listed = Vec::new();
+        // One lease read per distinct lease: a spread host keeps all its records on one.
+        let mut left: HashMap<i64, Option<(i64, i64)>> = HashMap::new();
+        for kv in self.range("list", prefix).await? {
+            let Some(key) = self.record_name(&kv) else {
+                continue;
+            };
+            let lease = kv.lease();
+            let known = if let Some(known) = left.get(&lease) {
+                *known
+            } else {
+                let ttl = self
+                    .call("list", &key, || {
+                        let mut leases = self.leases();
+                        async move { leases.time_to_live(lease, None).await }
+                    })
+                    .await?;
+                let known = (ttl.ttl() >= 0).then(|| (ttl.ttl(), ttl.granted_ttl()));
+                left.insert(lease, known);
+                known
+            };
+            let (Some((ttl, granted)), Ok(value)) = (known, kv.value_str()) else {
+                continue;
+            };
+            let secs = u64::try_from((ttl + 1).min(granted)).unwrap_or(0);
+            let record = Record {
+                value: value.to_owned(),
+                term: u64::try_from(kv.create_revision()).unwrap_or(0),
+                time_left: Duration::from_secs(secs),
+            };
+            listed.push((key, record));
+        }
+        Ok(listed)
+    }
+
+    /// All of the holder's records move onto one fresh etcd lease in one transaction: one
+    /// nested transaction per record, each putting it on the new lease only if it still has
+    /// the holder's value *and* the lease it was read on (a delayed renewal that lands after
+    /// a later one finds the record moved on and does nothing, as in `compare_and_swap`).
+    /// The leases the records left are revoked once empty. So a host's claims and membership
+    /// share one etcd lease, renewed together. (etcd allows 128 operations per transaction
+    /// by default (`--max-txn-ops`): a host holding more records than that fails to renew.)
+    async fn renew_all(
+        &self,
+        prefixes: &[&str],
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Vec<(String, Term)>, StoreError> {
+        const OP: &str = "renew_all";
+        let mut ours = Vec::new();
+        for prefix in prefixes {
+            for kv in self.range(OP, prefix).await? {
+                if kv.value() == holder.as_bytes()
+                    && let Some(key) = self.record_name(&kv)
+                {
+                    ours.push((key, kv.lease(), kv.create_revision()));
+                }
+            }
+        }
+        if ours.is_empty() {
+            return Ok(Vec::new());
+        }
+        let lease = self.grant(OP, holder, ttl).await?;
+        let moves: Vec<TxnOp> = ours
+            .iter()
+            .map(|(key, old, _)| {
+                let record = self.record_key(key);
+                TxnOp::txn(
+                    Txn::new()
+                        .when([
+                            Compare::value(record.as_str(), CompareOp::Equal, holder),
+                            Compare::lease(record.as_str(), CompareOp::Equal, *old),
+                        ])
+                        .and_then([TxnOp::put(
+                            record,
+                            holder,
+                            Some(PutOptions::new().with_lease(lease)),
+                        )]),
+                )
+            })
+            .collect();
+        let response = self.txn(OP, holder, Txn::new().and_then(moves)).await?;
+        let mut renewed = Vec::new();
+        let mut left_behind = std::collections::BTreeSet::new();
+        for ((key, old, term), op) in ours.into_iter().zip(response.op_responses()) {
+            if let TxnOpResponse::Txn(nested) = op
+                && nested.succeeded()
+            {
+                renewed.push((key, u64::try_from(term).unwrap_or(0)));
+                left_behind.insert(old);
+            }
+        }
+        if renewed.is_empty() {
+            self.revoke_quietly(lease).await;
+        }
+        for old in left_behind {
+            self.revoke_if_empty(old).await;
+        }
+        renewed.sort();
+        Ok(renewed)
     }
 
     async fn wait_released(&self, max: Duration) {

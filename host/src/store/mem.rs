@@ -132,6 +132,52 @@ impl TtlStore for MemStore {
         }))
     }
 
+    async fn list(&self, prefix: &str) -> Result<Vec<(String, Record)>, StoreError> {
+        let now = self.clock.now();
+        let state = self.lock();
+        let mut listed: Vec<(String, Record)> = state
+            .records
+            .iter()
+            .filter(|(key, _)| key.starts_with(prefix))
+            .filter_map(|(key, e)| {
+                let time_left = e.expires.left_from(now)?;
+                let record = Record {
+                    value: e.value.clone(),
+                    term: e.term,
+                    time_left,
+                };
+                Some((key.clone(), record))
+            })
+            .collect();
+        listed.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(listed)
+    }
+
+    async fn renew_all(
+        &self,
+        prefixes: &[&str],
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Vec<(String, Term)>, StoreError> {
+        let now = self.clock.now();
+        let mut state = self.lock();
+        let mut renewed: Vec<(String, Term)> = state
+            .records
+            .iter_mut()
+            .filter(|(key, e)| {
+                prefixes.iter().any(|p| key.starts_with(p))
+                    && e.value == holder
+                    && e.expires.left_from(now).is_some()
+            })
+            .map(|(key, e)| {
+                e.expires = now.after(ttl);
+                (key.clone(), e.term)
+            })
+            .collect();
+        renewed.sort();
+        Ok(renewed)
+    }
+
     async fn wait_released(&self, max: Duration) {
         let _ = tokio::time::timeout(max, self.released.notified()).await;
     }

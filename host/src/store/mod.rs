@@ -203,6 +203,24 @@ pub trait TtlStore: Send + Sync {
     /// The live record under `key`, if any.
     async fn get(&self, key: &str) -> Result<Option<Record>, StoreError>;
 
+    /// Every live record whose key starts with `prefix`, sorted by key: the members and
+    /// claims of spread placement ([`crate::placement`]), for the fair share and for status.
+    async fn list(&self, prefix: &str) -> Result<Vec<(String, Record)>, StoreError>;
+
+    /// Renews in one write every live record whose key starts with one of `prefixes` and
+    /// whose value equals `holder`: each one's expiry becomes now + `ttl`, its value and term
+    /// stay. Returns the renewed keys with their terms, sorted by key.
+    ///
+    /// The caller names no keys: the store's records decide what it holds (seed 003, "the
+    /// instance should never store a record of its claims in its own state"). A key the
+    /// caller believed it held and that is not returned is lost to it.
+    async fn renew_all(
+        &self,
+        prefixes: &[&str],
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Vec<(String, Term)>, StoreError>;
+
     /// Returns when a record of this store may have been released or deleted (by this process
     /// or another), or after `max` at the latest. Spurious wake-ups are allowed: callers look
     /// again with [`TtlStore::get`]. Lets a campaigner wait without polling blindly.

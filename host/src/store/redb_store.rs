@@ -484,6 +484,69 @@ impl TtlStore for RedbStore {
         .await
     }
 
+    async fn list(&self, prefix: &str) -> Result<Vec<(String, Record)>, StoreError> {
+        let prefix = prefix.to_owned();
+        self.read("list", move |txn, now| {
+            let leases = txn.open_table(LEASES)?;
+            let mut listed = Vec::new();
+            for row in leases.range(prefix.as_str()..)? {
+                let (key, _) = row?;
+                let key = key.value();
+                if !key.starts_with(prefix.as_str()) {
+                    break;
+                }
+                if let Some((lease, time_left)) = live_lease(&leases, key, now)? {
+                    let record = Record {
+                        value: lease.value,
+                        term: lease.term,
+                        time_left,
+                    };
+                    listed.push((key.to_owned(), record));
+                }
+            }
+            Ok(listed)
+        })
+        .await
+    }
+
+    /// One write transaction: the records are found and rewritten under the same lock, so
+    /// no other writer can come between the look and the renewal.
+    async fn renew_all(
+        &self,
+        prefixes: &[&str],
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Vec<(String, Term)>, StoreError> {
+        let prefixes: Vec<String> = prefixes.iter().map(|p| (*p).to_owned()).collect();
+        let holder = holder.to_owned();
+        self.write("renew_all", Lane::Lease, move |txn, now| {
+            let mut leases = txn.open_table(LEASES)?;
+            let mut ours = Vec::new();
+            for prefix in &prefixes {
+                for row in leases.range(prefix.as_str()..)? {
+                    let (key, _) = row?;
+                    let key = key.value();
+                    if !key.starts_with(prefix.as_str()) {
+                        break;
+                    }
+                    if let Some((lease, _)) = live_lease(&leases, key, now)?
+                        && lease.value == holder
+                    {
+                        ours.push((key.to_owned(), lease.term));
+                    }
+                }
+            }
+            for (key, term) in &ours {
+                leases.insert(key.as_str(), lease_row(&holder, *term, now, ttl))?;
+            }
+            ours.sort();
+            ours.dedup();
+            let changed = !ours.is_empty();
+            Ok((ours, changed))
+        })
+        .await
+    }
+
     /// Returns on a release by this process (in-process [`Notify`]), on a release by another
     /// process, or after `max`.
     ///

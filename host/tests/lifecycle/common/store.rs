@@ -260,6 +260,19 @@ impl TtlStore for FaultyStore {
             .await
     }
 
+    async fn list(&self, prefix: &str) -> Result<Vec<(String, Record)>, StoreError> {
+        self.inner.list(prefix).await
+    }
+
+    async fn renew_all(
+        &self,
+        prefixes: &[&str],
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Vec<(String, Term)>, StoreError> {
+        self.inner.renew_all(prefixes, holder, ttl).await
+    }
+
     async fn wait_released(&self, max: Duration) {
         if *self.stall_all.lock().unwrap() {
             return std::future::pending().await;

@@ -1,0 +1,507 @@
+//! Spread placement in-process: several hosts on one in-memory store, on tokio's paused clock,
+//! with a services double that checks every rule at the moment it matters.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::{MEMBER_PREFIX, SERVICE_PREFIX, Spread, SpreadConfig};
+use crate::clock::{Clock, TokioClock};
+use crate::killer::Killer;
+use crate::services::{RunningServices, SeparateServices, ServiceContext, ServiceError};
+use crate::store::{MemStore, TtlStore};
+
+const L: Duration = Duration::from_secs(4);
+
+/// What every host's services did, checked as they do it.
+#[derive(Default)]
+struct World {
+    /// Service name → holders running it now.
+    running: Mutex<BTreeMap<String, Vec<String>>>,
+    /// Every start's context, in order.
+    starts: Mutex<Vec<ServiceContext>>,
+    /// Broken rules, described.
+    violations: Mutex<Vec<String>>,
+    stops: AtomicUsize,
+}
+
+impl World {
+    fn violate(&self, what: String) {
+        self.violations.lock().unwrap().push(what);
+    }
+
+    /// How many services each holder runs, sorted descending.
+    fn counts(&self) -> Vec<usize> {
+        let mut by: BTreeMap<String, usize> = BTreeMap::new();
+        for holders in self.running.lock().unwrap().values() {
+            for h in holders {
+                *by.entry(h.clone()).or_default() += 1;
+            }
+        }
+        let mut counts: Vec<usize> = by.into_values().collect();
+        counts.sort_unstable_by(|a, b| b.cmp(a));
+        counts
+    }
+
+    /// Every service runs exactly once.
+    fn each_once(&self, names: &[String]) -> bool {
+        let running = self.running.lock().unwrap();
+        names
+            .iter()
+            .all(|n| running.get(n).is_some_and(|h| h.len() == 1))
+    }
+}
+
+/// The services double: `names`, started and stopped at once, checked against the store.
+struct Doubles {
+    names: Vec<String>,
+    store: MemStore,
+    world: Arc<World>,
+    /// A service that reports a problem as soon as it runs on this host.
+    fails: Option<String>,
+    /// A service whose start never ends on this host.
+    hangs: Option<String>,
+}
+
+#[async_trait]
+impl SeparateServices for Doubles {
+    fn names(&self) -> Vec<String> {
+        self.names.clone()
+    }
+
+    async fn start_one(
+        &self,
+        name: &str,
+        ctx: ServiceContext,
+    ) -> Result<Box<dyn RunningServices>, ServiceError> {
+        let lease = &ctx.lease;
+        // Services only under a claim: the record is there, ours, with the term we were given.
+        let record = self.store.get(&lease.key).await.unwrap();
+        if record.as_ref().map(|r| (r.value.as_str(), r.term))
+            != Some((lease.holder.as_str(), lease.term))
+        {
+            self.world
+                .violate(format!("{name} started without its claim: {record:?}"));
+        }
+        if ctx.deadline.has_passed() || lease.slot != 0 || lease.key != format!("service/{name}") {
+            self.world.violate(format!(
+                "{name} started with {lease:?}, deadline {:?}",
+                ctx.deadline
+            ));
+        }
+        {
+            let mut running = self.world.running.lock().unwrap();
+            let holders = running.entry(name.to_owned()).or_default();
+            if !holders.is_empty() {
+                self.world
+                    .violate(format!("{name} runs on {holders:?} and {}", lease.holder));
+            }
+            holders.push(lease.holder.clone());
+        }
+        if self.hangs.as_deref() == Some(name) {
+            // Never returns; when the start is given up, the service is gone with it.
+            let _gone = Gone {
+                name: name.to_owned(),
+                holder: lease.holder.clone(),
+                world: Arc::clone(&self.world),
+            };
+            std::future::pending::<()>().await;
+        }
+        if self.fails.as_deref() == Some(name) {
+            ctx.problems.report(crate::problem::Problem::Service {
+                name: name.to_owned(),
+                reason: "fails here".to_owned(),
+            });
+        }
+        self.world.starts.lock().unwrap().push(ctx.clone());
+        Ok(Box::new(One {
+            name: name.to_owned(),
+            ctx,
+            store: self.store.clone(),
+            world: Arc::clone(&self.world),
+        }))
+    }
+}
+
+/// Removes a service that never finished starting from the running ones when dropped.
+struct Gone {
+    name: String,
+    holder: String,
+    world: Arc<World>,
+}
+
+impl Drop for Gone {
+    fn drop(&mut self) {
+        let mut running = self.world.running.lock().unwrap();
+        if let Some(holders) = running.get_mut(&self.name) {
+            holders.retain(|h| *h != self.holder);
+        }
+    }
+}
+
+struct One {
+    name: String,
+    ctx: ServiceContext,
+    store: MemStore,
+    world: Arc<World>,
+}
+
+#[async_trait]
+impl RunningServices for One {
+    async fn stop(self: Box<Self>) {
+        if !self.ctx.stopping.is_cancelled() {
+            self.world
+                .violate(format!("{} stopped without its stop signal", self.name));
+        }
+        // Ordered stop: the claim is deleted only after this returns, so a claim handed over
+        // is still ours here (a lost one may be gone: that is why it was lost).
+        let record = self.store.get(&self.ctx.lease.key).await.unwrap();
+        let ours = record.is_some_and(|r| r.term == self.ctx.lease.term);
+        if !ours && !self.ctx.deadline.has_passed() {
+            self.world.violate(format!(
+                "{}: claim gone before its service stopped, deadline still valid",
+                self.name
+            ));
+        }
+        let mut running = self.world.running.lock().unwrap();
+        if let Some(holders) = running.get_mut(&self.name) {
+            holders.retain(|h| *h != self.ctx.lease.holder);
+        }
+        self.world.stops.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// A host of the group: its run, its stop token, its killer.
+struct Member {
+    holder: String,
+    stop: CancellationToken,
+    run: JoinHandle<()>,
+    killer: Arc<Killer>,
+    fired: Arc<AtomicUsize>,
+}
+
+struct Group {
+    clock: TokioClock,
+    store: MemStore,
+    world: Arc<World>,
+    names: Vec<String>,
+}
+
+impl Group {
+    fn new(services: usize) -> Self {
+        let clock = TokioClock::new();
+        Self {
+            store: MemStore::new(Arc::new(clock.clone())),
+            clock,
+            world: Arc::default(),
+            names: (0..services).map(|i| format!("s{i}")).collect(),
+        }
+    }
+
+    fn join(&self, holder: &str) -> Member {
+        self.join_with(holder, None, None)
+    }
+
+    fn join_with(&self, holder: &str, fails: Option<&str>, hangs: Option<&str>) -> Member {
+        let clock: Arc<dyn Clock> = Arc::new(self.clock.clone());
+        let (fired, killer) = Killer::counting(Arc::clone(&clock));
+        let services = Arc::new(Doubles {
+            names: self.names.clone(),
+            store: self.store.clone(),
+            world: Arc::clone(&self.world),
+            fails: fails.map(str::to_owned),
+            hangs: hangs.map(str::to_owned),
+        });
+        let config = SpreadConfig {
+            lease: L,
+            holder: holder.to_owned(),
+        };
+        let stop = CancellationToken::new();
+        let run = tokio::spawn(
+            Spread::new(config, Arc::new(self.store.clone()), services)
+                .with_clock_and_killer(clock, Arc::clone(&killer))
+                .run(stop.clone()),
+        );
+        Member {
+            holder: holder.to_owned(),
+            stop,
+            run,
+            killer,
+            fired,
+        }
+    }
+
+    fn check(&self) {
+        assert_eq!(*self.world.violations.lock().unwrap(), Vec::<String>::new());
+    }
+
+    /// The holders of the live records under `prefix`.
+    async fn holders(&self, prefix: &str) -> Vec<String> {
+        let records = self.store.list(prefix).await.unwrap();
+        records.into_iter().map(|(_, r)| r.value).collect()
+    }
+}
+
+async fn leave(m: Member) {
+    m.stop.cancel();
+    m.run.await.unwrap();
+    assert_eq!(m.killer.deadline(), None, "{}: disarmed last", m.holder);
+    assert_eq!(
+        m.fired.load(Ordering::SeqCst),
+        0,
+        "{}: killer fired",
+        m.holder
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn three_hosts_run_seven_services_once_each_3_2_2() {
+    let g = Group::new(7);
+    let hosts: Vec<Member> = ["a", "b", "c"].iter().map(|h| g.join(h)).collect();
+    tokio::time::sleep(L * 3).await;
+    assert!(g.world.each_once(&g.names));
+    assert_eq!(g.world.counts(), [3, 2, 2]);
+    assert_eq!(g.holders(MEMBER_PREFIX).await.len(), 3);
+    assert_eq!(g.holders(SERVICE_PREFIX).await.len(), 7);
+    // At rest nothing moves: a renewal keeps every claim, a look changes nothing.
+    let starts = g.world.starts.lock().unwrap().len();
+    tokio::time::sleep(L * 5).await;
+    assert_eq!(
+        g.world.starts.lock().unwrap().len(),
+        starts,
+        "nothing moved"
+    );
+    // Guests see their claim's term; kv writes are fenced by it (a claim's own key).
+    let latest: BTreeMap<String, ServiceContext> = g
+        .world
+        .starts
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|c| (c.lease.key.clone(), c.clone()))
+        .collect();
+    assert_eq!(latest.len(), 7);
+    for ctx in latest.values() {
+        let record = g.store.get(&ctx.lease.key).await.unwrap().unwrap();
+        assert_eq!(record.term, ctx.lease.term);
+        assert!(!ctx.deadline.has_passed(), "renewed");
+    }
+    g.check();
+    for h in hosts {
+        leave(h).await;
+    }
+    assert!(
+        g.store.list("").await.unwrap().is_empty(),
+        "every record deleted"
+    );
+    g.check();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fourth_host_gets_work_without_waiting_for_expiry_2_2_2_1() {
+    let g = Group::new(7);
+    let mut hosts: Vec<Member> = ["a", "b", "c"].iter().map(|h| g.join(h)).collect();
+    tokio::time::sleep(L * 3).await;
+    assert_eq!(g.world.counts(), [3, 2, 2]);
+    let stops = g.world.stops.load(Ordering::SeqCst);
+    hosts.push(g.join("d"));
+    // The newcomer's join wakes the others, who hand over at once; the newcomer hears the
+    // release at once. No renewal tick (L/4), let alone an expiry (L), is waited for.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(g.world.each_once(&g.names));
+    assert_eq!(g.world.counts(), [2, 2, 2, 1]);
+    assert_eq!(
+        g.world.stops.load(Ordering::SeqCst),
+        stops + 1,
+        "exactly one service moved"
+    );
+    g.check();
+    for h in hosts {
+        leave(h).await;
+    }
+    g.check();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_graceful_leave_hands_every_service_over_at_once() {
+    let g = Group::new(7);
+    let mut hosts: Vec<Member> = ["a", "b", "c"].iter().map(|h| g.join(h)).collect();
+    tokio::time::sleep(L * 3).await;
+    let leaving = hosts.remove(0);
+    let before = tokio::time::Instant::now();
+    leave(leaving).await;
+    // Deletes wake the others (no renewal tick, no expiry): on paused time, nothing has
+    // to pass but what the stops and store calls themselves take.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(before.elapsed() < L / 4, "took {:?}", before.elapsed());
+    assert!(g.world.each_once(&g.names), "{:?}", g.world.running);
+    assert_eq!(g.world.counts(), [4, 3]);
+    g.check();
+    for h in hosts {
+        leave(h).await;
+    }
+    g.check();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crashed_hosts_services_run_elsewhere_once_its_claims_expire() {
+    let g = Group::new(7);
+    let mut hosts: Vec<Member> = ["a", "b", "c"].iter().map(|h| g.join(h)).collect();
+    tokio::time::sleep(L * 3).await;
+    // "SIGKILL": the run ends where it stands; its instances are gone with it.
+    let dead = hosts.remove(0);
+    dead.run.abort();
+    let _ = dead.run.await;
+    for holders in g.world.running.lock().unwrap().values_mut() {
+        holders.retain(|h| *h != dead.holder);
+    }
+    let held = g.holders(SERVICE_PREFIX).await;
+    let orphaned = held.iter().filter(|h| **h == dead.holder).count();
+    assert_eq!(orphaned, 3, "its claims outlive it until they expire");
+    tokio::time::sleep(L / 2).await;
+    assert_eq!(
+        g.world.counts().iter().sum::<usize>(),
+        4,
+        "nobody takes a live claim"
+    );
+    tokio::time::sleep(L).await;
+    assert!(g.world.each_once(&g.names));
+    assert_eq!(g.world.counts(), [4, 3]);
+    g.check();
+    for h in hosts {
+        leave(h).await;
+    }
+    g.check();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_claim_stops_that_service_alone_with_its_deadline_passed_at_once() {
+    let g = Group::new(2);
+    let a = g.join("a");
+    tokio::time::sleep(L).await;
+    assert_eq!(g.world.counts(), [2]);
+    let (lost, kept) = {
+        let starts = g.world.starts.lock().unwrap();
+        (starts[0].clone(), starts[1].clone())
+    };
+    // Someone else's write takes the record from under the host (an operator, a bug).
+    assert!(
+        g.store
+            .compare_and_delete(&lost.lease.key, "a")
+            .await
+            .unwrap()
+    );
+    // The next renewal (within L/4) does not return it: lost.
+    tokio::time::sleep(L / 4).await;
+    assert!(lost.deadline.has_passed(), "pulled in at once");
+    assert!(lost.stopping.is_cancelled());
+    assert!(!kept.deadline.has_passed(), "the other claim is untouched");
+    assert!(!kept.stopping.is_cancelled());
+    // Free again: the host claims it anew, under a higher term.
+    tokio::time::sleep(L / 4).await;
+    let again = g.world.starts.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(again.lease.key, lost.lease.key);
+    assert!(again.lease.term > lost.lease.term);
+    assert_eq!(g.world.counts(), [2]);
+    g.check();
+    leave(a).await;
+    g.check();
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_killer_follows_the_earliest_claim_deadline_and_is_disarmed_last() {
+    let g = Group::new(3);
+    let a = g.join("a");
+    tokio::time::sleep(L / 8).await;
+    let earliest = g
+        .world
+        .starts
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|c| c.deadline.get())
+        .min()
+        .unwrap();
+    assert_eq!(a.killer.deadline(), Some(earliest));
+    // Renewals move it later, one write for all claims.
+    tokio::time::sleep(L * 2).await;
+    let deadlines: Vec<_> = g
+        .world
+        .starts
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|c| c.deadline.get())
+        .collect();
+    assert!(
+        deadlines.iter().all(|d| *d == deadlines[0]),
+        "renewed together"
+    );
+    assert_eq!(a.killer.deadline(), Some(deadlines[0]));
+    assert!(deadlines[0] > earliest);
+    leave(a).await;
+    g.check();
+}
+
+#[tokio::test(start_paused = true)]
+async fn more_hosts_than_services_leave_the_extra_ones_idle_and_disarmed() {
+    let g = Group::new(2);
+    let hosts: Vec<Member> = ["a", "b", "c"].iter().map(|h| g.join(h)).collect();
+    tokio::time::sleep(L * 2).await;
+    assert!(g.world.each_once(&g.names));
+    assert_eq!(g.world.counts(), [1, 1]);
+    let idle: Vec<&Member> = hosts
+        .iter()
+        .filter(|m| {
+            let running = g.world.running.lock().unwrap();
+            !running.values().any(|h| h.contains(&m.holder))
+        })
+        .collect();
+    assert_eq!(idle.len(), 1);
+    assert_eq!(idle[0].killer.deadline(), None, "nothing to guard");
+    for h in hosts {
+        leave(h).await;
+    }
+    g.check();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_service_that_fails_here_is_handed_to_a_healthy_host() {
+    let g = Group::new(2);
+    let a = g.join_with("a", Some("s0"), None);
+    tokio::time::sleep(L / 8).await;
+    let b = g.join("b");
+    tokio::time::sleep(L * 2).await;
+    let running = g.world.running.lock().unwrap().clone();
+    assert_eq!(running["s0"], ["b"], "{running:?}");
+    assert_eq!(running["s1"], ["a"], "{running:?}");
+    g.check();
+    leave(a).await;
+    leave(b).await;
+    g.check();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_start_that_never_ends_is_given_up_and_renewals_go_on() {
+    let g = Group::new(2);
+    let a = g.join_with("a", None, Some("s0"));
+    tokio::time::sleep(L * 3).await;
+    assert_eq!(a.fired.load(Ordering::SeqCst), 0, "renewed meanwhile");
+    assert_eq!(g.world.running.lock().unwrap()["s1"], ["a"]);
+    let b = g.join("b");
+    tokio::time::sleep(L * 2).await;
+    assert_eq!(
+        g.world.running.lock().unwrap()["s0"],
+        ["b"],
+        "taken by the host where it starts"
+    );
+    g.check();
+    leave(a).await;
+    leave(b).await;
+    g.check();
+}
