@@ -133,6 +133,8 @@ fn after_a_problem_the_host_shuts_down_and_campaigns_again() {
 fn stopped_status_runs_and_a_stopped_standby_never_cost_the_leader_its_lease() {
     use std::time::{Duration, Instant};
 
+    let _heavy = crate::one_heavy_test_at_a_time();
+
     let trials: usize = std::env::var("VVM_STOP_TRIALS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -180,9 +182,12 @@ fn stopped_status_runs_and_a_stopped_standby_never_cost_the_leader_its_lease() {
             std::thread::sleep(Duration::from_millis(below(1000)));
             standby.signal(Signal::CONT);
         }
+        let lines = leader.lines();
         assert!(
-            !leader.lines().iter().any(|l| l.text.contains("lost")),
-            "trial {trial}: the leader lost its lease"
+            !lines.iter().any(|l| l.text.contains("lost")),
+            "trial {trial}: the leader lost its lease; its last lines:\n{}\nthe standby's:\n{}",
+            tail(&lines),
+            tail(&standby.lines()),
         );
     }
     println!(
@@ -203,4 +208,14 @@ fn stopped_status_runs_and_a_stopped_standby_never_cost_the_leader_its_lease() {
     let mut leader = leader;
     leader.signal(Signal::TERM);
     assert!(leader.wait_exit().success(), "the leader was never killed");
+}
+
+/// The last 40 lines of a host's log, for a failure message.
+fn tail(lines: &[testkit::host::Line]) -> String {
+    let from = lines.len().saturating_sub(40);
+    lines[from..]
+        .iter()
+        .map(|l| l.text.as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
 }

@@ -98,6 +98,7 @@ pub(crate) fn log_overlaps(hosts: &[&Host]) -> usize {
 
 #[test]
 fn terms_in_a_granted_file_never_go_down_when_a_stopped_leader_resumes() {
+    let _heavy = crate::one_heavy_test_at_a_time();
     let dir = journal_dir();
     let mut a = serve("a", dir.path(), "1s");
     a.wait_for(&["journal 1 "]);
@@ -234,6 +235,7 @@ fn soak(faults: usize) {
 
 #[test]
 fn soak_short() {
+    let _heavy = crate::one_heavy_test_at_a_time();
     let faults = std::env::var("VVM_SOAK_FAULTS")
         .ok()
         .and_then(|s| s.parse().ok())

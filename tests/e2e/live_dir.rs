@@ -192,6 +192,7 @@ fn a_rename_into_place_is_loaded_and_temporary_names_are_not() {
 /// 50 files dropped at once: all 50 run, each exactly once.
 #[test]
 fn fifty_files_dropped_at_once_all_run_once() {
+    let _heavy = crate::one_heavy_test_at_a_time();
     let (dir, services) = empty_dir();
     let mut a = host("a", dir.path());
     let ticker = guests::guest("rust-ticker");

@@ -167,6 +167,7 @@ fn stop(host: &mut Host) {
 /// without waiting for any expiry); one leaves gracefully (its services move at once); one
 /// is killed (its services move once their claims expire). No service ever runs twice.
 fn group_life(store: &str) {
+    let _heavy = crate::one_heavy_test_at_a_time();
     let dir = spread_dir();
     let mut a = serve("a", dir.path(), store, LEASE);
     let mut b = serve("b", dir.path(), store, LEASE);
@@ -293,6 +294,7 @@ fn spread_chaos_on_etcd_never_runs_a_service_twice() {
 /// the number of faults (default 12).
 fn chaos(store: &str) {
     const NAMES: [&str; 3] = ["h0", "h1", "h2"];
+    let _heavy = crate::one_heavy_test_at_a_time();
     let faults: usize = std::env::var("VVM_SOAK_FAULTS")
         .ok()
         .and_then(|s| s.parse().ok())
