@@ -11,7 +11,9 @@ use vvm_guest::wasi::filesystem::types::{
     Descriptor, DescriptorFlags, NewTimestamp, OpenFlags, PathFlags,
 };
 use vvm_guest::wasi::clocks::wall_clock::Datetime;
-use vvm_guest::wasi::sockets::network::{IpAddressFamily, IpSocketAddress, Ipv4SocketAddress};
+use vvm_guest::wasi::sockets::network::{
+    ErrorCode, IpAddressFamily, IpSocketAddress, Ipv4SocketAddress,
+};
 use vvm_guest::wasi::sockets::udp::OutgoingDatagram;
 use vvm_guest::wasi::sockets::{instance_network, tcp_create_socket, udp_create_socket};
 use vvm_guest::{Guest, kv, lease};
@@ -166,7 +168,15 @@ fn prepare(effect: &str) -> Result<Act, String> {
             sock.start_listen().map_err(err)?;
             sock.finish_listen().map_err(err)?;
             Box::new(move || {
-                let (accepted, input, output) = sock.accept().map_err(err)?;
+                // The connection is queued before the stop, but the host's listener may not
+                // have heard of it yet: wait for it then (the first `accept` is the call
+                // that is checked; past the deadline it traps, so nothing waits).
+                let (accepted, input, output) = loop {
+                    match sock.accept() {
+                        Err(ErrorCode::WouldBlock) => sock.subscribe().block(),
+                        other => break other.map_err(err)?,
+                    }
+                };
                 drop((input, output));
                 drop(accepted);
                 Ok(())
