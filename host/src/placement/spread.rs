@@ -217,9 +217,14 @@ enum Phase {
         services: Box<dyn RunningServices>,
     },
     /// Stop signal, grace period, drop, then the claim's delete: a task, so renewals go on
-    /// meanwhile.
-    Stopping(JoinHandle<()>),
+    /// meanwhile. It ends with whether the delete was answered.
+    Stopping(JoinHandle<bool>),
 }
+
+/// How many leases a host waits before it claims again a service whose release (a
+/// compare-and-delete by our holder value) went unanswered. Store writes are bounded far below
+/// this: redb's by its lock patience (L/10) and commit, etcd's by its request timeout.
+const UNANSWERED_RELEASE_PAUSE: u32 = 2;
 
 /// The run of one host.
 struct Host {
@@ -416,24 +421,59 @@ impl Host {
                 tracing::info!(service = name, "service stopped");
             }
             let delete = store.compare_and_delete(&key, &holder);
-            match tokio::time::timeout(lease / 4, delete).await {
-                Ok(Ok(deleted)) => tracing::info!(service = name, deleted, "claim released"),
+            let answered = match tokio::time::timeout(lease / 4, delete).await {
+                Ok(Ok(deleted)) => {
+                    tracing::info!(service = name, deleted, "claim released");
+                    true
+                }
                 Ok(Err(e)) => {
                     tracing::warn!(service = name, error = %e, "release failed; the claim will expire");
+                    false
                 }
                 Err(_) => {
                     tracing::warn!(service = name, "release timed out; the claim will expire");
+                    false
                 }
-            }
+            };
             wake.notify_one();
+            answered
         }));
     }
 
     /// Forgets the claims whose stop has ended.
+    ///
+    /// A claim whose delete went unanswered is not claimed again by this host for
+    /// [`UNANSWERED_RELEASE_PAUSE`] leases: the delete may still land, and, carrying our holder
+    /// value, it would delete a new claim of ours while its service runs here, so another host
+    /// could claim it and run it too. Other hosts are not affected (their values differ).
     fn reap(&mut self) {
         let before = self.claims.len();
-        self.claims
-            .retain(|_, c| !matches!(&c.phase, Phase::Stopping(task) if task.is_finished()));
+        let mut unanswered = Vec::new();
+        self.claims.retain(|name, c| {
+            let Phase::Stopping(task) = &mut c.phase else {
+                return true;
+            };
+            if !task.is_finished() {
+                return true;
+            }
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            // A finished task is ready; a panicked one answered nothing either.
+            if !matches!(
+                std::pin::Pin::new(task).poll(&mut cx),
+                std::task::Poll::Ready(Ok(true))
+            ) {
+                unanswered.push(name.clone());
+            }
+            false
+        });
+        let until = tokio::time::Instant::now() + self.lease() * UNANSWERED_RELEASE_PAUSE;
+        for name in unanswered {
+            tracing::warn!(
+                service = name,
+                "not claiming again here until its release has surely landed or failed"
+            );
+            self.cooldown.insert(name, until);
+        }
         if self.claims.len() != before {
             self.arm_killer();
             self.log_running();

@@ -208,6 +208,16 @@ impl Group {
     }
 
     fn join_with(&self, holder: &str, fails: Option<&str>, hangs: Option<&str>) -> Member {
+        self.join_on(holder, Arc::new(self.store.clone()), fails, hangs)
+    }
+
+    fn join_on(
+        &self,
+        holder: &str,
+        store: Arc<dyn crate::store::Store>,
+        fails: Option<&str>,
+        hangs: Option<&str>,
+    ) -> Member {
         let clock: Arc<dyn Clock> = Arc::new(self.clock.clone());
         let (fired, killer) = Killer::counting(Arc::clone(&clock));
         let services = Arc::new(Doubles {
@@ -223,7 +233,7 @@ impl Group {
         };
         let stop = CancellationToken::new();
         let run = tokio::spawn(
-            Spread::new(config, Arc::new(self.store.clone()), services)
+            Spread::new(config, store, services)
                 .with_clock_and_killer(clock, Arc::clone(&killer))
                 .run(stop.clone()),
         );
@@ -503,5 +513,140 @@ async fn a_start_that_never_ends_is_given_up_and_renewals_go_on() {
     g.check();
     leave(a).await;
     leave(b).await;
+    g.check();
+}
+
+/// The host's store, whose deletes of claims land `delay` late: the write is on its way
+/// when the caller stops waiting for it (a timeout), as a write to a slow disk or a busy etcd.
+struct LateDeletes {
+    inner: MemStore,
+    delay: Duration,
+}
+
+#[async_trait]
+impl TtlStore for LateDeletes {
+    async fn insert_if_absent(
+        &self,
+        key: &str,
+        value: &str,
+        ttl: Duration,
+    ) -> Result<Option<crate::store::Term>, crate::store::StoreError> {
+        self.inner.insert_if_absent(key, value, ttl).await
+    }
+
+    async fn compare_and_swap(
+        &self,
+        key: &str,
+        expected: &str,
+        new: &str,
+        ttl: Duration,
+    ) -> Result<bool, crate::store::StoreError> {
+        self.inner.compare_and_swap(key, expected, new, ttl).await
+    }
+
+    async fn compare_and_delete(
+        &self,
+        key: &str,
+        expected: &str,
+    ) -> Result<bool, crate::store::StoreError> {
+        if !key.starts_with(SERVICE_PREFIX) {
+            return self.inner.compare_and_delete(key, expected).await;
+        }
+        let (inner, delay) = (self.inner.clone(), self.delay);
+        let (key, expected) = (key.to_owned(), expected.to_owned());
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            inner.compare_and_delete(&key, &expected).await
+        })
+        .await
+        .unwrap()
+    }
+
+    async fn get(
+        &self,
+        key: &str,
+    ) -> Result<Option<crate::store::Record>, crate::store::StoreError> {
+        self.inner.get(key).await
+    }
+
+    async fn list(
+        &self,
+        prefix: &str,
+    ) -> Result<Vec<(String, crate::store::Record)>, crate::store::StoreError> {
+        self.inner.list(prefix).await
+    }
+
+    async fn renew_all(
+        &self,
+        prefixes: &[&str],
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Vec<(String, crate::store::Term)>, crate::store::StoreError> {
+        self.inner.renew_all(prefixes, holder, ttl).await
+    }
+
+    async fn wait_released(&self, max: Duration) {
+        self.inner.wait_released(max).await;
+    }
+}
+
+#[async_trait]
+impl crate::store::FencedKv for LateDeletes {
+    async fn kv_get(
+        &self,
+        space: &str,
+        key: &str,
+    ) -> Result<Option<Vec<u8>>, crate::store::StoreError> {
+        self.inner.kv_get(space, key).await
+    }
+
+    async fn kv_set(
+        &self,
+        fence: &crate::store::Fence<'_>,
+        space: &str,
+        key: &str,
+        value: &[u8],
+    ) -> Result<bool, crate::store::StoreError> {
+        self.inner.kv_set(fence, space, key, value).await
+    }
+}
+
+/// A release that went unanswered may still land, and it deletes by our holder value: had
+/// this host claimed the service again meanwhile, the late delete would remove that new claim
+/// while its service runs here, and another host could claim and run it too. So a host does
+/// not claim again, for two leases, a service whose release it could not confirm.
+#[tokio::test(start_paused = true)]
+async fn a_service_whose_release_went_unanswered_is_not_claimed_again_here_at_once() {
+    let g = Group::new(2);
+    let late = Arc::new(LateDeletes {
+        inner: g.store.clone(),
+        delay: L / 2,
+    });
+    let a = g.join_on("a", late, None, None);
+    tokio::time::sleep(L).await;
+    assert_eq!(g.world.counts(), [2]);
+    // B joins: A hands one service over; its delete times out (L/4) and lands at L/2.
+    let b = g.join("b");
+    tokio::time::sleep(L).await;
+    assert_eq!(g.world.counts(), [1, 1]);
+    let moved = g
+        .world
+        .running
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(_, h)| h[0] == "b")
+        .map(|(n, _)| n.clone())
+        .unwrap();
+    // B leaves: the service is free and A has room, but A may not claim it yet.
+    leave(b).await;
+    tokio::time::sleep(L / 2).await;
+    assert_eq!(g.world.counts(), [1], "A claimed {moved} again at once");
+    // Once the pause is over, A takes it: at rest nothing is left unclaimed.
+    tokio::time::sleep(L * 2).await;
+    assert_eq!(g.world.counts(), [2]);
+    assert!(g.world.each_once(&g.names));
+    g.check();
+    leave(a).await;
     g.check();
 }
