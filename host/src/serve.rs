@@ -57,6 +57,7 @@ pub async fn serve_until_reloading(
 ) -> anyhow::Result<()> {
     tokio::pin!(shutdown);
     let store = store::open(&settings, false).await?;
+    crate::placement::refuse_mixed(&*store.shared(), settings.placement).await?;
     let wasm = load_services(&settings).await?;
     let services: Arc<dyn Services> = Arc::clone(&wasm) as Arc<dyn Services>;
     let reloading = AbortOnDropHandle::new(tokio::spawn({

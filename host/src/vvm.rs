@@ -65,9 +65,12 @@ pub fn holder_value() -> String {
     format!("{run}/{}", SEQ.fetch_add(1, Ordering::Relaxed))
 }
 
+/// The prefix of the slots' lease records.
+pub const SLOT_PREFIX: &str = "slot/";
+
 /// The store key of slot `slot`.
 pub fn slot_key(slot: u32) -> String {
-    format!("slot/{slot}")
+    format!("{SLOT_PREFIX}{slot}")
 }
 
 /// Where a launched VVM is in its life, for logs, status and tests.

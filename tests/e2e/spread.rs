@@ -367,3 +367,26 @@ fn chaos(store: &str) {
         ended.len()
     );
 }
+
+/// Hosts of both placements on one store would each run the services, unaware of the others'
+/// leases: a spread host refuses a store a together host leads on, with one clear line.
+#[test]
+fn a_spread_host_refuses_a_store_in_use_by_a_together_host() {
+    let dir = testkit::host::cluster_dir();
+    let mut a = crate::serve("a", dir.path(), "2s");
+    a.wait_for(&["tick 1:"]);
+    let args = ["serve", "--placement", "spread", "--cache-dir", "cache-b"];
+    let mut b = Host::start(BIN, "b", dir.path(), &args, "off");
+    let status = b.wait_exit();
+    let stderr: Vec<String> = b.lines().into_iter().map(|l| l.text).collect();
+    assert!(!status.success(), "{stderr:?}");
+    assert_eq!(stderr.len(), 1, "one line: {stderr:?}");
+    assert!(
+        stderr[0].contains(
+            "placement spread: the store is in use by hosts with placement together (slot/1 is live)"
+        ),
+        "{stderr:?}"
+    );
+    a.signal(Signal::TERM);
+    assert!(a.wait_exit().success());
+}

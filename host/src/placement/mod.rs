@@ -11,6 +11,8 @@ use serde::Deserialize;
 
 pub use spread::{Spread, SpreadConfig};
 
+use crate::store::Store;
+
 /// How services are placed on the hosts of a group.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
@@ -29,6 +31,49 @@ impl std::fmt::Display for Placement {
             Self::Together => "together",
             Self::Spread => "spread",
         })
+    }
+}
+
+/// A host would join a group whose hosts place services the other way.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "placement {wanted}: the store is in use by hosts with placement {live} ({key} is live); \
+     every host of a group must use the same placement"
+)]
+pub struct MixedPlacement {
+    /// This host's placement.
+    pub wanted: Placement,
+    /// The placement the live record belongs to.
+    pub live: Placement,
+    /// The live record found.
+    pub key: String,
+}
+
+/// Refuses to serve with `placement` on a store whose live records belong to the other
+/// placement: hosts of both kinds on one store would each run the services, unaware of the
+/// others' leases. A store that cannot be read is let through (logged): the check is at start
+/// only, and the campaign handles a failing store anyway.
+///
+/// # Errors
+/// [`MixedPlacement`], naming a live record of the other placement.
+pub async fn refuse_mixed(store: &dyn Store, placement: Placement) -> Result<(), MixedPlacement> {
+    let (live, prefix) = match placement {
+        Placement::Together => (Placement::Spread, spread::MEMBER_PREFIX),
+        Placement::Spread => (Placement::Together, crate::vvm::SLOT_PREFIX),
+    };
+    match store.list(prefix).await {
+        Ok(records) => match records.into_iter().next() {
+            Some((key, _)) => Err(MixedPlacement {
+                wanted: placement,
+                live,
+                key,
+            }),
+            None => Ok(()),
+        },
+        Err(e) => {
+            tracing::warn!(error = %e, "could not check the placement of the other hosts");
+            Ok(())
+        }
     }
 }
 
@@ -56,6 +101,27 @@ pub fn fair_share(services: usize, members: &[(String, usize)], me: &str) -> usi
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_host_refuses_a_store_in_use_by_the_other_placement() {
+        use crate::store::{MemStore, TtlStore};
+        let clock = crate::clock::ManualClock::default();
+        let store = MemStore::new(std::sync::Arc::new(clock));
+        let l = std::time::Duration::from_secs(20);
+        assert!(refuse_mixed(&store, Placement::Together).await.is_ok());
+        assert!(refuse_mixed(&store, Placement::Spread).await.is_ok());
+        store.insert_if_absent("member/h1", "h1", l).await.unwrap();
+        let e = refuse_mixed(&store, Placement::Together).await.unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "placement together: the store is in use by hosts with placement spread \
+             (member/h1 is live); every host of a group must use the same placement"
+        );
+        assert!(refuse_mixed(&store, Placement::Spread).await.is_ok());
+        store.insert_if_absent("slot/1", "h2", l).await.unwrap();
+        let e = refuse_mixed(&store, Placement::Spread).await.unwrap_err();
+        assert_eq!((e.live, e.key.as_str()), (Placement::Together, "slot/1"));
+    }
 
     fn members(list: &[(&str, usize)]) -> Vec<(String, usize)> {
         list.iter().map(|(h, n)| ((*h).to_owned(), *n)).collect()

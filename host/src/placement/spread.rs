@@ -137,6 +137,10 @@ impl Spread {
                 () = &mut released => true,
                 () = std::future::ready(()) => false,
             };
+            // `/healthz` (SPEC §8): a round whose store calls and starts are each bounded well
+            // within L/2, then the sleep; a host stuck past either by L/4 is wedged.
+            let lease = host.s.config.lease;
+            Ops::global().health().step_due_in(lease / 2, lease);
             host.step(false).await;
             // A release during the round (or a store that answers at once): look again soon,
             // but never spin.
@@ -145,6 +149,7 @@ impl Spread {
             } else {
                 host.next_wait()
             };
+            Ops::global().health().step_due_in(wait, lease);
             let woken = host.wake.notified();
             tokio::select! {
                 () = shutdown.cancelled() => {}
@@ -154,6 +159,7 @@ impl Spread {
             }
         }
         host.leave().await;
+        Ops::global().health().idle();
     }
 }
 
