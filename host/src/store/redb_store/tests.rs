@@ -244,8 +244,9 @@ async fn a_release_after_the_last_look_ends_the_wait_at_the_next_write() {
     a.insert_if_absent("1", "a", TTL).await.unwrap().unwrap();
     assert!(a.compare_and_delete("1", "a").await.unwrap());
     let waiter = tokio::spawn(async move { b.wait_released(Duration::from_mins(1)).await });
+    // Whether the release's own file events reach the waiter before or after its wait
+    // begins is up to the scheduler: either ends the wait. A later write surely does.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(!waiter.is_finished(), "no write since the wait began");
     a.insert_if_absent("2", "a", TTL).await.unwrap().unwrap();
     tokio::time::timeout(Duration::from_secs(10), waiter)
         .await
