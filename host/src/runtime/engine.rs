@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
+use super::stacks::{CACHED_STACKS, StackPool};
 use super::{Grants, RuntimeConfig, RuntimeError};
 
 /// What every supervisor shares: the engine, its epoch ticker, and the configuration.
@@ -50,8 +51,9 @@ impl Runtime {
     }
 }
 
-/// Builds the engine: async calls, epoch interruption, and (if configured) the pooling
-/// allocator sized for `config.max_instances` instances of at most `config.memory_cap`.
+/// Builds the engine: async calls, epoch interruption, and either the pooling allocator
+/// sized for `config.max_instances` instances of at most `config.memory_cap` (if configured)
+/// or the on-demand one with a [`StackPool`].
 pub(crate) fn build(config: &RuntimeConfig) -> Result<Engine, RuntimeError> {
     let mut wasm = Config::new();
     wasm.wasm_component_model(true).epoch_interruption(true);
@@ -73,6 +75,10 @@ pub(crate) fn build(config: &RuntimeConfig) -> Result<Engine, RuntimeError> {
             .max_core_instance_size(8 << 20)
             .max_component_instance_size(8 << 20);
         wasm.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    } else {
+        // The pooling allocator has its own stacks; the on-demand one would map (and unmap)
+        // one per instance.
+        wasm.with_host_stack(Arc::new(StackPool::new(CACHED_STACKS)));
     }
     Engine::new(&wasm).map_err(RuntimeError::Engine)
 }

@@ -1,6 +1,7 @@
 //! The wasmtime host (SPEC §6, §7): components, sandboxes, fencing at the boundary, supervision.
 //!
 //! - `config`: [`RuntimeConfig`] (directories, limits, grants, restart policy).
+//! - `stacks`: the fiber stacks of the on-demand allocator, mapped once and reused.
 //! - `engine`: the wasmtime [`wasmtime::Engine`], the epoch ticker thread, and the `Runtime`
 //!   (engine, ticker, configuration) every supervisor shares.
 //! - `component`: discovery, compilation with an on-disk cache, world classification.
@@ -17,7 +18,7 @@
 //! - `wasm_services`: [`WasmServices`], the [`crate::services::Services`] the lifecycle starts.
 //!
 //! Dependencies point one way, in this order (each uses only modules before it): `config`,
-//! `engine`, `env`, `fence`, `output`, `host`, `component`, `supervisor`, `live_dir`,
+//! `stacks`, `engine`, `env`, `fence`, `output`, `host`, `component`, `supervisor`, `live_dir`,
 //! `reconcile`, `wasm_services`.
 
 mod component;
@@ -30,6 +31,7 @@ mod live_dir;
 mod output;
 mod progress;
 mod reconcile;
+mod stacks;
 mod supervisor;
 mod wasm_services;
 
