@@ -33,6 +33,15 @@ impl Timestamp {
         }
     }
 
+    /// This reading moved `d` earlier (no earlier than the boot).
+    #[must_use]
+    pub fn before(self, d: Duration) -> Self {
+        Self {
+            boot: self.boot,
+            since_boot: self.since_boot.saturating_sub(d),
+        }
+    }
+
     /// Time left from `now` until `self`, or `None` if `self` has been reached (expiry is
     /// inclusive: a record is expired when now >= expiry) or belongs to another boot.
     pub fn left_from(self, now: Timestamp) -> Option<Duration> {

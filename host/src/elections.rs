@@ -18,7 +18,7 @@ use crate::clock::{Clock, Timestamp};
 use crate::killer::Killer;
 use crate::lease_value::{self, RunningReport, RunningService};
 use crate::ops::{Ops, RenewalOutcome};
-use crate::store::{Store, StoreError, Term};
+use crate::store::{HandOver, Record, Store, StoreError, Term};
 
 /// Renew every `L / RENEW_DIVISOR`.
 const RENEW_DIVISOR: u32 = 4;
@@ -120,6 +120,8 @@ pub struct Elections {
 #[derive(Default)]
 struct State {
     cleaned_up: bool,
+    /// Where hosts waiting for our leases stand ([`Elections::hand_over_to`]).
+    candidates: Option<String>,
     held: HashMap<String, Held>,
     /// Acquisitions dropped while their insert was in flight (key → value, lease): the write
     /// may still land in the store, so cleanup deletes our record there.
@@ -244,6 +246,46 @@ impl Elections {
         let Some(term) = inserted else {
             return Ok(None);
         };
+        self.lead(key, value, value, term, lease, start).await
+    }
+
+    /// Takes over `key`, whose live `record` (read starting at `read_start`) carries our
+    /// `holder`: a lease a releasing holder handed to us ([`Elections::hand_over_to`]), or
+    /// our own insert that failed and was applied all the same. No write: the record lives
+    /// at least until `read_start + record.lives_at_least`, so the lease counts as written L
+    /// before that, and the deadlines are the usual 0.8·L after it. `Ok(None)` if that
+    /// leaves no time (the record is then deleted).
+    ///
+    /// # Errors
+    /// [`ElectionError::CleanedUp`] after [`Elections::cleanup`].
+    pub async fn adopt(
+        self: &Arc<Self>,
+        key: &str,
+        holder: &str,
+        record: &Record,
+        read_start: Timestamp,
+        lease: Duration,
+    ) -> Result<Option<Leadership>, ElectionError> {
+        if self.lock().cleaned_up {
+            return Err(ElectionError::CleanedUp);
+        }
+        let written = read_start.after(record.lives_at_least).before(lease);
+        tracing::debug!(key, term = record.term, "taking over a lease that names us");
+        self.lead(key, holder, &record.value, record.term, lease, written)
+            .await
+    }
+
+    /// Leads `key`, whose record holds `value` (our `holder`, maybe with our services) under
+    /// `term`, written at `start` or later: arms the killer, starts the renewal loop.
+    async fn lead(
+        self: &Arc<Self>,
+        key: &str,
+        holder: &str,
+        value: &str,
+        term: Term,
+        lease: Duration,
+        start: Timestamp,
+    ) -> Result<Option<Leadership>, ElectionError> {
         let until = valid_until(start, lease);
         if until.left_from(self.clock.now()).is_none() {
             // The write took so long that the lease is already past its local deadline: arming
@@ -267,7 +309,7 @@ impl Elections {
                 let stop = CancellationToken::new();
                 let renewal = tokio::spawn(Arc::clone(self).renew(Renewal {
                     key: key.to_owned(),
-                    holder: value.to_owned(),
+                    holder: holder.to_owned(),
                     value: value.to_owned(),
                     running: running_rx,
                     lease,
@@ -305,6 +347,77 @@ impl Elections {
         }))
     }
 
+    /// From now on a release hands the lease to a host standing under `candidates`
+    /// ([`Elections::stand`]) in the same write, if one is live ([`crate::store::TtlStore::hand_over`]).
+    pub fn hand_over_to(&self, candidates: &str) {
+        self.lock().candidates = Some(candidates.to_owned());
+    }
+
+    /// Stands as a candidate for the leases of other holders: a record `key` with our
+    /// `holder` value, rewritten every `L/4`, that a releasing holder may hand its lease to
+    /// (see [`Elections::adopt`]). It ends, and the record is deleted, when the returned
+    /// [`Candidacy`] is withdrawn. A store failure only leaves the record to expire or be
+    /// written at the next tick: standing is an offer, never required.
+    pub fn stand(self: &Arc<Self>, key: &str, holder: &str, lease: Duration) -> Candidacy {
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(Arc::clone(self).keep_standing(
+            key.to_owned(),
+            holder.to_owned(),
+            lease,
+            stop.clone(),
+        ));
+        Candidacy { stop, task }
+    }
+
+    async fn keep_standing(
+        self: Arc<Self>,
+        key: String,
+        holder: String,
+        lease: Duration,
+        stop: CancellationToken,
+    ) {
+        let mut written = false;
+        loop {
+            let write = async {
+                if written
+                    && self
+                        .store
+                        .compare_and_swap(&key, &holder, &holder, lease)
+                        .await?
+                {
+                    return Ok(true);
+                }
+                // Not yet written, expired, or taken by a handover: write it afresh.
+                self.store
+                    .insert_if_absent(&key, &holder, lease)
+                    .await
+                    .map(|t| t.is_some())
+            };
+            tokio::select! {
+                () = stop.cancelled() => break,
+                outcome = tokio::time::timeout(lease / ATTEMPT_DIVISOR, write) => {
+                    match outcome {
+                        Ok(Ok(true)) => written = true,
+                        Ok(Ok(false)) => written = false,
+                        Ok(Err(e)) => {
+                            tracing::debug!(key, error = %e, "standing as a candidate failed");
+                        }
+                        Err(_) => tracing::debug!(key, "standing as a candidate timed out"),
+                    }
+                }
+            }
+            tokio::select! {
+                () = stop.cancelled() => break,
+                () = sleep(lease / RENEW_DIVISOR) => {}
+            }
+        }
+        // A write stopped mid-way may land after this delete; the record then expires.
+        let withdraw = self.store.compare_and_delete(&key, &holder);
+        if let Ok(Err(e)) = tokio::time::timeout(lease / RELEASE_DIVISOR, withdraw).await {
+            tracing::debug!(key, error = %e, "withdrawing the candidacy failed; it will expire");
+        }
+    }
+
     /// Releases `key`: passes the guests' deadline, deletes our record, fires *lost*, and
     /// waits for the renewal loop to end. Releasing a key this instance does not hold is a no-op.
     pub async fn release(&self, key: &str) {
@@ -317,8 +430,16 @@ impl Elections {
         // effect from here on: the record is about to go, and another host may take it.
         held.deadline.send_replace(self.clock.now());
         // A renewal stopped mid-write may still land: every value we may have written is tried.
+        let candidates = self.lock().candidates.clone();
         for value in &held.values {
-            if self.delete_bounded(key, value, held.lease).await {
+            let released = match &candidates {
+                Some(candidates) => {
+                    self.hand_over_bounded(key, value, candidates, held.lease)
+                        .await
+                }
+                None => self.delete_bounded(key, value, held.lease).await,
+            };
+            if released {
                 break;
             }
         }
@@ -357,6 +478,38 @@ impl Elections {
         let delete = self.store.compare_and_delete(key, value);
         match tokio::time::timeout(lease / RELEASE_DIVISOR, delete).await {
             Ok(Ok(deleted)) => {
+                tracing::info!(key, deleted, "released");
+                deleted
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(key, error = %e, "release failed; the record will expire");
+                true
+            }
+            Err(_) => {
+                tracing::warn!(key, "release timed out; the record will expire");
+                true
+            }
+        }
+    }
+
+    /// Releases our record under `key` if it has `value`, handing it to a host standing
+    /// under `candidates` if one is live; waits at most `L/4` like [`Self::delete_bounded`].
+    async fn hand_over_bounded(
+        &self,
+        key: &str,
+        value: &str,
+        candidates: &str,
+        lease: Duration,
+    ) -> bool {
+        let hand_over = self.store.hand_over(key, value, candidates, lease);
+        match tokio::time::timeout(lease / RELEASE_DIVISOR, hand_over).await {
+            Ok(Ok(HandOver::To { to, term })) => {
+                let to = lease_value::holder(&to);
+                tracing::info!(key, deleted = true, to, term, "released");
+                true
+            }
+            Ok(Ok(handed)) => {
+                let deleted = handed == HandOver::Deleted;
                 tracing::info!(key, deleted, "released");
                 deleted
             }
@@ -495,6 +648,28 @@ impl Elections {
         r.lost.cancel();
         // No renewal step is due any more: the shutdown sequence (grace period) is not a wedge.
         Ops::global().health().idle();
+    }
+}
+
+/// A standing offer to take leases over ([`Elections::stand`]). Dropping it stops the offer
+/// in the background; [`Candidacy::withdraw`] waits until its record is deleted.
+pub struct Candidacy {
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl Candidacy {
+    /// Stops standing and deletes the candidacy record (bounded by `L/4`).
+    pub async fn withdraw(mut self) {
+        self.stop.cancel();
+        // Never panics on its own; an abort is not ours to report.
+        let _ = (&mut self.task).await;
+    }
+}
+
+impl Drop for Candidacy {
+    fn drop(&mut self) {
+        self.stop.cancel();
     }
 }
 

@@ -11,14 +11,14 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::clock::{Clock, SystemClock};
+use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::elections::{ElectionError, Elections, Leadership, retry_pause};
 use crate::holder_lock::{DeadHolders, HolderLockDir};
 use crate::killer::Killer;
 use crate::lease_value;
 use crate::problem::{Problem, ProblemReporter};
 use crate::services::{LeaseInfo, RunningServices, ServiceContext, ServiceError, Services};
-use crate::store::{Store, StoreError, Term};
+use crate::store::{Record, Store, StoreError, Term};
 
 /// How a VVM campaigns and holds its lease.
 #[derive(Clone, Debug)]
@@ -67,6 +67,10 @@ pub fn holder_value() -> String {
 
 /// The prefix of the slots' lease records.
 pub const SLOT_PREFIX: &str = "slot/";
+
+/// The prefix of the records of hosts waiting for a slot, to which a releasing leader hands
+/// its slot in the same write ([`crate::store::TtlStore::hand_over`]).
+pub const CANDIDATE_PREFIX: &str = "candidate/";
 
 /// The store key of slot `slot`.
 pub fn slot_key(slot: u32) -> String {
@@ -148,6 +152,7 @@ impl Vvm {
             Arc::clone(&self.killer),
             Arc::clone(&self.clock),
         );
+        elections.hand_over_to(CANDIDATE_PREFIX);
         let killer = Arc::clone(&self.killer);
         // Before any record can carry our holder value: a standby that finds the value in a
         // record also finds our lock held. Without it standbys wait out our lease.
@@ -243,6 +248,8 @@ impl LaunchedVvm {
 
 /// What a leading launcher hands to the shutdown sequence.
 struct Leading {
+    /// The slot led.
+    slot: u32,
     /// The services, if they started.
     services: Option<Box<dyn RunningServices>>,
     /// Tells the leadership monitor to end.
@@ -264,6 +271,16 @@ impl Launcher {
     /// The launcher's whole life: campaign, lead until told to stop, then the shutdown
     /// sequence.
     async fn run(self) {
+        let config = &self.vvm.config;
+        // While campaigning, a leader that releases its slot may hand it to us in the same
+        // write; we then find our holder in the record and take it over by reading it.
+        let candidacy = self.vvm.store.hands_over().then(|| {
+            self.elections.stand(
+                &format!("{CANDIDATE_PREFIX}{}", config.holder),
+                &config.holder,
+                config.lease,
+            )
+        });
         // Shutdown may come while a store call hangs: stop campaigning at once. An insert
         // dropped mid-write is remembered by the elections, whose cleanup deletes it.
         let campaign = tokio::select! {
@@ -284,6 +301,14 @@ impl Launcher {
                 None
             }
         };
+        // Off the takeover's path (the services run): no more handovers to us, and none on
+        // to ourselves at our own release.
+        if let Some(candidacy) = candidacy {
+            candidacy.withdraw().await;
+            if let Some(leading) = &leading {
+                self.hand_on_strays(leading.slot).await;
+            }
+        }
         self.shutdown.cancelled().await;
         self.shutdown_sequence(leading).await;
     }
@@ -333,9 +358,41 @@ impl Launcher {
             }
         };
         Leading {
+            slot,
             services,
             monitor_stop,
             monitor,
+        }
+    }
+
+    /// Hands on any slot besides `ours` that names us: one handed to us after our campaign
+    /// won another, before our candidacy was withdrawn. We lead one slot only.
+    async fn hand_on_strays(&self, ours: u32) {
+        let Vvm { config, store, .. } = &self.vvm;
+        let listed =
+            within_quarter_lease(config.lease, "list", SLOT_PREFIX, store.list(SLOT_PREFIX));
+        let records = match listed.await {
+            Ok(records) => records,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not look for slots handed to us");
+                return;
+            }
+        };
+        for (key, record) in records {
+            if key == slot_key(ours) || lease_value::holder(&record.value) != config.holder {
+                continue;
+            }
+            let hand_on = store.hand_over(&key, &record.value, CANDIDATE_PREFIX, config.lease);
+            match within_quarter_lease(config.lease, "hand_over", &key, hand_on).await {
+                Ok(handed) => tracing::info!(
+                    key,
+                    ?handed,
+                    "handed on a slot given to us while we lead another"
+                ),
+                Err(e) => {
+                    tracing::warn!(key, error = %e, "could not hand on a slot given to us");
+                }
+            }
         }
     }
 
@@ -347,6 +404,7 @@ impl Launcher {
     async fn shutdown_sequence(&self, leading: Option<Leading>) {
         self.state.send_replace(VvmState::ShuttingDown);
         if let Some(Leading {
+            slot: _,
             services,
             monitor_stop,
             monitor,
@@ -398,6 +456,32 @@ impl Launcher {
         }
     }
 
+    /// Takes over the slot `key` if its record names us (a handover), with no write.
+    async fn take_over_if_ours(&self, key: &str) -> Result<Option<Leadership>, ElectionError> {
+        let Vvm { config, store, .. } = &self.vvm;
+        let read_start = self.vvm.clock.now();
+        match within_quarter_lease(config.lease, "get", key, store.get(key)).await {
+            Ok(Some(record)) if lease_value::holder(&record.value) == config.holder => {
+                self.adopt(key, &record, read_start).await
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Takes over `record`, read from `key` from `read_start` on, which names us.
+    async fn adopt(
+        &self,
+        key: &str,
+        record: &Record,
+        read_start: Timestamp,
+    ) -> Result<Option<Leadership>, ElectionError> {
+        let Vvm { config, .. } = &self.vvm;
+        let adopt = self
+            .elections
+            .adopt(key, &config.holder, record, read_start, config.lease);
+        adopt.await
+    }
+
     /// Tries every slot each round until one is acquired, shutdown begins (`Ok(None)`), or
     /// the acquisition timeout passes. Between rounds it sleeps until the earliest record can
     /// expire, waking early when the store reports a release.
@@ -411,6 +495,8 @@ impl Launcher {
             "campaigning"
         );
         let mut dead = DeadHolders::new(self.vvm.holder_locks.clone());
+        // Slots held by another host at the last look, where a handover may reach us.
+        let mut held_by_others = std::collections::HashSet::new();
         'round: loop {
             let mut wait = give_up_at.saturating_duration_since(Instant::now());
             // Listen for releases *before* looking at the slots: a release between our look
@@ -423,11 +509,21 @@ impl Launcher {
                 () = std::future::ready(()) => false,
             };
             let mut seen_live = false;
+            let handed_to_us = std::mem::take(&mut held_by_others);
             for slot in 1..=config.cluster_size {
                 if self.shutdown.is_cancelled() {
                     return Ok(None);
                 }
                 let key = slot_key(slot);
+                // Held by another at our last look: its holder may have handed it to us since,
+                // which a read tells without the write an insert attempt is.
+                if handed_to_us.contains(&slot) {
+                    match self.take_over_if_ours(&key).await {
+                        Ok(Some(leadership)) => return Ok(Some((slot, leadership))),
+                        Ok(None) => {}
+                        Err(_) => return Ok(None),
+                    }
+                }
                 // No store call may hold the campaign up for ever: past L/4 it counts as a
                 // transient failure (the insert, if it lands, is ours and is retaken or
                 // cleaned up; see below).
@@ -443,19 +539,19 @@ impl Launcher {
                     }
                     Err(ElectionError::Store(e)) => return Err(e.into()),
                 }
+                let read_start = self.vvm.clock.now();
                 match within_quarter_lease(config.lease, "get", &key, store.get(&key)).await {
-                    // Our own record: an earlier insert of this campaign failed (a timeout, an
-                    // error) yet was applied. Holder values are unique per campaign, so it is
-                    // certainly ours: delete it and try again at once, rather than wait out L.
+                    // A record with our holder value (unique per campaign) is ours: a leader
+                    // handed it to us as it released it, or an earlier insert of ours failed
+                    // (a timeout, an error) yet was applied. Take it over as it stands.
                     Ok(Some(record)) if lease_value::holder(&record.value) == config.holder => {
-                        tracing::info!(
-                            slot,
-                            "found our own record of an insert that failed; retaking it"
-                        );
-                        if let Err(e) = store.compare_and_delete(&key, &record.value).await {
-                            tracing::warn!(slot, error = %e, "deleting our own record failed");
+                        match self.adopt(&key, &record, read_start).await {
+                            Ok(Some(leadership)) => return Ok(Some((slot, leadership))),
+                            // Too little time left: it was deleted; the slot is free.
+                            Ok(None) => wait = Duration::ZERO,
+                            // Adopting fails only once the elections are cleaned up.
+                            Err(_) => return Ok(None),
                         }
-                        wait = Duration::ZERO;
                     }
                     // The crash lock is named by the holder; the record's value may also carry
                     // its running services (`lease_value`), and is deleted whole.
@@ -473,6 +569,9 @@ impl Launcher {
                     }
                     Ok(Some(record)) => {
                         seen_live = true;
+                        if store.hands_over() {
+                            held_by_others.insert(slot);
+                        }
                         wait = wait.min(record.time_left);
                         dead.watch(&key, lease_value::holder(&record.value));
                     }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Fence, FencedKv, Store, TtlStore};
+use super::{Fence, FencedKv, HandOver, Store, TtlStore};
 use crate::clock::ManualClock;
 
 /// How the suite opens a backend and moves its clock.
@@ -56,7 +56,9 @@ macro_rules! suite {
             records_from_before_a_reboot_are_expired, kv_writes_are_fenced_by_term,
             a_stale_writer_racing_a_takeover_never_lands_after_the_new_one,
             an_insert_applied_despite_an_error_is_retaken_at_once_and_cleaned_up,
-            wait_released_wakes_on_delete, list_returns_the_live_records_under_a_prefix,
+            wait_released_wakes_on_delete, hand_over_passes_the_record_to_the_first_live_candidate,
+            hand_over_skips_expired_candidates_and_changes_nothing_when_not_held,
+            hand_over_wakes_waiters_and_fences_the_old_term, list_returns_the_live_records_under_a_prefix,
             renew_all_renews_every_record_of_the_holder_and_no_other,
             renew_all_never_renews_a_record_the_holder_lost);
     };
@@ -430,6 +432,151 @@ pub(crate) async fn wait_released_wakes_on_delete<B: Backend>(b: &mut B) {
         .unwrap();
 }
 
+/// A releasing holder passes its record to the first live candidate under the prefix (by
+/// key) in one write: the candidate's value, a new term, a fresh TTL, and the candidate's
+/// record gone. With no candidate left the record is deleted.
+pub(crate) async fn hand_over_passes_the_record_to_the_first_live_candidate<B: Backend>(b: &mut B) {
+    let clock = ManualClock::default();
+    let s = b.open(&clock).await;
+    let t1 = s.insert_if_absent("k", "a", B::TTL).await.unwrap().unwrap();
+    s.insert_if_absent("cand/y", "y", B::TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    s.insert_if_absent("cand/x", "x", B::TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    // Another prefix is no candidate.
+    s.insert_if_absent("candidates", "z", B::TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    let handed = s.hand_over("k", "a", "cand/", B::TTL).await.unwrap();
+    if !s.hands_over() {
+        assert_eq!(handed, HandOver::Deleted);
+        assert!(s.get("k").await.unwrap().is_none());
+        assert_eq!(
+            s.list("cand/").await.unwrap().len(),
+            2,
+            "candidates untouched"
+        );
+        return;
+    }
+    let HandOver::To { to, term: t2 } = handed else {
+        panic!("not handed over: {handed:?}");
+    };
+    assert_eq!(to, "x", "the first candidate by key");
+    assert!(t2 > t1, "a new term: {t2} after {t1}");
+    let rec = s.get("k").await.unwrap().unwrap();
+    assert_eq!((rec.value.as_str(), rec.term), ("x", t2));
+    assert!(rec.lives_at_least > B::TTL / 2, "a fresh TTL: {rec:?}");
+    assert!(
+        s.get("cand/x").await.unwrap().is_none(),
+        "its candidacy is used up"
+    );
+    // The new holder renews as usual, then hands on to the next candidate.
+    assert!(s.compare_and_swap("k", "x", "x+", B::TTL).await.unwrap());
+    let HandOver::To { to, term: t3 } = s.hand_over("k", "x+", "cand/", B::TTL).await.unwrap()
+    else {
+        panic!("not handed over to y");
+    };
+    assert_eq!(to, "y");
+    assert!(t3 > t2);
+    assert_eq!(
+        s.hand_over("k", "y", "cand/", B::TTL).await.unwrap(),
+        HandOver::Deleted
+    );
+    assert!(s.get("k").await.unwrap().is_none());
+    let t4 = s.insert_if_absent("k", "b", B::TTL).await.unwrap().unwrap();
+    assert!(
+        t4 > t3,
+        "an insert after a handover still gets a larger term"
+    );
+    assert_eq!(s.get("candidates").await.unwrap().unwrap().value, "z");
+}
+
+pub(crate) async fn hand_over_skips_expired_candidates_and_changes_nothing_when_not_held<
+    B: Backend,
+>(
+    b: &mut B,
+) {
+    let clock = ManualClock::default();
+    let s = b.open(&clock).await;
+    // A short-lived candidate first by key, then the record and a long-lived one.
+    let short = if B::EXACT_CLOCK {
+        B::TTL / 10
+    } else {
+        Duration::from_secs(1)
+    };
+    s.insert_if_absent("cand/a", "gone", short)
+        .await
+        .unwrap()
+        .unwrap();
+    b.advance(&clock, short + B::EXPIRY_LAG + NANO).await;
+    let t1 = s.insert_if_absent("k", "a", B::TTL).await.unwrap().unwrap();
+    s.insert_if_absent("cand/b", "b", B::TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    // Not ours: nothing changes.
+    assert_eq!(
+        s.hand_over("k", "other", "cand/", B::TTL).await.unwrap(),
+        HandOver::NotHeld
+    );
+    assert_eq!(
+        s.hand_over("absent", "a", "cand/", B::TTL).await.unwrap(),
+        HandOver::NotHeld
+    );
+    let rec = s.get("k").await.unwrap().unwrap();
+    assert_eq!((rec.value.as_str(), rec.term), ("a", t1));
+    assert_eq!(s.get("cand/b").await.unwrap().unwrap().value, "b");
+    let handed = s.hand_over("k", "a", "cand/", B::TTL).await.unwrap();
+    if s.hands_over() {
+        assert!(
+            matches!(&handed, HandOver::To { to, .. } if to == "b"),
+            "the expired candidate is skipped: {handed:?}"
+        );
+    } else {
+        assert_eq!(handed, HandOver::Deleted);
+    }
+}
+
+/// A handover wakes waiters as a delete does, and fences the old holder's writes out.
+pub(crate) async fn hand_over_wakes_waiters_and_fences_the_old_term<B: Backend>(b: &mut B) {
+    let clock = ManualClock::default();
+    let s = Arc::new(b.open(&clock).await);
+    let t1 = s.insert_if_absent("k", "a", B::TTL).await.unwrap().unwrap();
+    s.insert_if_absent("cand/b", "b", B::TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    let waiter = tokio::spawn({
+        let s = Arc::clone(&s);
+        async move { s.wait_released(Duration::from_hours(1)).await }
+    });
+    // Let the waiter start waiting before the release.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let handed = s.hand_over("k", "a", "cand/", B::TTL).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(20), waiter)
+        .await
+        .expect("wait_released returned after the handover, not after an hour")
+        .unwrap();
+    let old = Fence {
+        lease_key: "k",
+        term: t1,
+    };
+    assert!(!s.kv_set(&old, "svc", "x", b"stale").await.unwrap());
+    if let HandOver::To { term, .. } = handed {
+        let new = Fence {
+            lease_key: "k",
+            term,
+        };
+        assert!(s.kv_set(&new, "svc", "x", b"new").await.unwrap());
+    }
+    assert_eq!(s.hands_over(), matches!(handed, HandOver::To { .. }));
+}
+
 pub(crate) async fn list_returns_the_live_records_under_a_prefix<B: Backend>(b: &mut B) {
     let clock = ManualClock::default();
     let s = b.open(&clock).await;
@@ -642,6 +789,20 @@ impl<S: Store> TtlStore for AppliedThenFailed<S> {
         expected: &str,
     ) -> Result<bool, super::StoreError> {
         self.inner.compare_and_delete(key, expected).await
+    }
+
+    async fn hand_over(
+        &self,
+        key: &str,
+        expected: &str,
+        candidates: &str,
+        ttl: Duration,
+    ) -> Result<super::HandOver, super::StoreError> {
+        self.inner.hand_over(key, expected, candidates, ttl).await
+    }
+
+    fn hands_over(&self) -> bool {
+        self.inner.hands_over()
     }
 
     async fn get(&self, key: &str) -> Result<Option<super::Record>, super::StoreError> {

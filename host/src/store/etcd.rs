@@ -38,7 +38,7 @@ use tonic::Code;
 
 pub use options::{EtcdOptions, EtcdTls, EtcdUrlError};
 
-use super::{Fence, FencedKv, Record, StoreError, Term, TtlStore};
+use super::{Fence, FencedKv, HandOver, Record, StoreError, Term, TtlStore};
 
 /// The store contract on an etcd cluster. Cheap to share behind an `Arc`; every call is one
 /// or a few requests, each bounded by [`EtcdOptions::request_timeout`].
@@ -431,6 +431,27 @@ impl TtlStore for EtcdStore {
         Ok(response.succeeded())
     }
 
+    /// Deletes the record: etcd keeps a key's create revision (its term) across puts and
+    /// refuses a delete and a put of one key in one transaction, so a handover could not
+    /// issue a new term in a single write. The next holder inserts, as after any release.
+    async fn hand_over(
+        &self,
+        key: &str,
+        expected: &str,
+        _candidates: &str,
+        _ttl: Duration,
+    ) -> Result<HandOver, StoreError> {
+        Ok(if self.compare_and_delete(key, expected).await? {
+            HandOver::Deleted
+        } else {
+            HandOver::NotHeld
+        })
+    }
+
+    fn hands_over(&self) -> bool {
+        false
+    }
+
     async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
         // A swap between reading the key and asking for its lease revokes the lease we ask
         // about; read once more before calling the record gone.
@@ -447,11 +468,11 @@ impl TtlStore for EtcdStore {
                     ForeignRecord("the record's value is not UTF-8"),
                 )
             })?;
-            let left = u64::try_from((left + 1).min(granted)).unwrap_or(0);
             return Ok(Some(Record {
                 value: value.to_owned(),
                 term: u64::try_from(kv.create_revision()).unwrap_or(0),
-                time_left: Duration::from_secs(left),
+                time_left: upper_bound(left, granted),
+                lives_at_least: lower_bound(left),
             }));
         }
         Ok(None)
@@ -482,11 +503,11 @@ impl TtlStore for EtcdStore {
             let (Some((ttl, granted)), Ok(value)) = (known, kv.value_str()) else {
                 continue;
             };
-            let secs = u64::try_from((ttl + 1).min(granted)).unwrap_or(0);
             let record = Record {
                 value: value.to_owned(),
                 term: u64::try_from(kv.create_revision()).unwrap_or(0),
-                time_left: Duration::from_secs(secs),
+                time_left: upper_bound(ttl, granted),
+                lives_at_least: lower_bound(ttl),
             };
             listed.push((key, record));
         }
@@ -647,6 +668,17 @@ impl FencedKv for EtcdStore {
 fn lease_seconds(ttl: Duration) -> i64 {
     let seconds = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
     i64::try_from(seconds.max(1)).unwrap_or(i64::MAX)
+}
+
+/// An upper bound on a lease's time left, from etcd's whole seconds left (truncated): one
+/// second more, capped at the granted TTL.
+fn upper_bound(left: i64, granted: i64) -> Duration {
+    Duration::from_secs(u64::try_from((left + 1).min(granted)).unwrap_or(0))
+}
+
+/// A lower bound on a lease's time left: etcd's whole seconds, truncated.
+fn lower_bound(left: i64) -> Duration {
+    Duration::from_secs(u64::try_from(left).unwrap_or(0))
 }
 
 /// The lease of the key-value a put or delete in a successful transaction replaced.

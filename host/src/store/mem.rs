@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::Notify;
 
-use super::{Fence, FencedKv, Record, StoreError, Term, TtlStore};
+use super::{Fence, FencedKv, HandOver, Record, StoreError, Term, TtlStore};
 use crate::clock::{Clock, Timestamp};
 
 /// The store contract held in memory: nothing survives the process. Cheap to clone; clones
@@ -34,6 +34,21 @@ struct Entry {
 }
 
 impl State {
+    /// Writes `value` under `key` with the next term, which it returns.
+    fn issue(&mut self, key: &str, value: &str, expires: Timestamp) -> Term {
+        let term = self.terms.get(key).copied().unwrap_or(0) + 1;
+        self.terms.insert(key.to_owned(), term);
+        self.records.insert(
+            key.to_owned(),
+            Entry {
+                value: value.to_owned(),
+                term,
+                expires,
+            },
+        );
+        term
+    }
+
     /// The live entry under `key`; an expired one is removed first.
     fn live(&mut self, key: &str, now: Timestamp) -> Option<&mut Entry> {
         if self
@@ -76,17 +91,7 @@ impl TtlStore for MemStore {
         if state.live(key, now).is_some() {
             return Ok(None);
         }
-        let term = state.terms.get(key).copied().unwrap_or(0) + 1;
-        state.terms.insert(key.to_owned(), term);
-        state.records.insert(
-            key.to_owned(),
-            Entry {
-                value: value.to_owned(),
-                term,
-                expires: now.after(ttl),
-            },
-        );
-        Ok(Some(term))
+        Ok(Some(state.issue(key, value, now.after(ttl))))
     }
 
     async fn compare_and_swap(
@@ -120,14 +125,52 @@ impl TtlStore for MemStore {
         Ok(own)
     }
 
+    async fn hand_over(
+        &self,
+        key: &str,
+        expected: &str,
+        candidates: &str,
+        ttl: Duration,
+    ) -> Result<HandOver, StoreError> {
+        let now = self.clock.now();
+        let mut state = self.lock();
+        if state.live(key, now).is_none_or(|e| e.value != expected) {
+            return Ok(HandOver::NotHeld);
+        }
+        let mut waiting: Vec<(String, String)> = state
+            .records
+            .iter()
+            .filter(|(k, e)| k.starts_with(candidates) && e.expires.left_from(now).is_some())
+            .map(|(k, e)| (k.clone(), e.value.clone()))
+            .collect();
+        waiting.sort();
+        let outcome = if let Some((candidate, to)) = waiting.into_iter().next() {
+            state.records.remove(&candidate);
+            let term = state.issue(key, &to, now.after(ttl));
+            HandOver::To { to, term }
+        } else {
+            state.records.remove(key);
+            HandOver::Deleted
+        };
+        drop(state);
+        self.released.notify_waiters();
+        Ok(outcome)
+    }
+
+    fn hands_over(&self) -> bool {
+        true
+    }
+
     async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
         let now = self.clock.now();
         let mut state = self.lock();
         Ok(state.live(key, now).and_then(|e| {
+            let time_left = e.expires.left_from(now)?;
             Some(Record {
                 value: e.value.clone(),
                 term: e.term,
-                time_left: e.expires.left_from(now)?,
+                time_left,
+                lives_at_least: time_left,
             })
         }))
     }
@@ -145,6 +188,7 @@ impl TtlStore for MemStore {
                     value: e.value.clone(),
                     term: e.term,
                     time_left,
+                    lives_at_least: time_left,
                 };
                 Some((key.clone(), record))
             })

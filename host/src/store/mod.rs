@@ -121,6 +121,26 @@ pub struct Record {
     pub term: Term,
     /// How long until the store treats the record as absent, by the store's own clock.
     pub time_left: Duration,
+    /// How long the record surely stays live from the read: `time_left` where the store
+    /// keeps exact time; less on etcd, which reports whole seconds. A host that takes a
+    /// record over by reading it ([`TtlStore::hand_over`]) counts its lease from this.
+    pub lives_at_least: Duration,
+}
+
+/// What [`TtlStore::hand_over`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HandOver {
+    /// No live record with the expected value: nothing changed.
+    NotHeld,
+    /// No live candidate: the record was deleted, as by [`TtlStore::compare_and_delete`].
+    Deleted,
+    /// The record now holds the candidate's value `to`, with the new `term`.
+    To {
+        /// The candidate's value, now the record's.
+        to: String,
+        /// The term issued for the handover.
+        term: Term,
+    },
 }
 
 /// Why a store operation failed, and whether trying again can help.
@@ -199,6 +219,29 @@ pub trait TtlStore: Send + Sync {
     /// Deletes the live record under `key` if its value equals `expected`. Returns whether it
     /// did.
     async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool, StoreError>;
+
+    /// Releases the live record under `key` if its value equals `expected`, passing it in
+    /// the same write to a waiting host: the first live record under `candidates` (by key)
+    /// gives the record its value and a new term
+    /// (as an insert would issue), expiring now + `ttl`; that candidate's record is deleted.
+    /// With no live candidate the record is deleted, as by
+    /// [`TtlStore::compare_and_delete`]. Either way [`TtlStore::wait_released`] waiters wake.
+    ///
+    /// One write instead of a delete and the next holder's insert: the candidate takes the
+    /// lease over by reading it (SPEC §5, takeover targets). A backend that cannot issue a
+    /// new term in the same write deletes the record and reports [`HandOver::Deleted`].
+    async fn hand_over(
+        &self,
+        key: &str,
+        expected: &str,
+        candidates: &str,
+        ttl: Duration,
+    ) -> Result<HandOver, StoreError>;
+
+    /// True if [`TtlStore::hand_over`] passes a record on in its one write; false for a
+    /// backend that only deletes it there (etcd). Hosts stand as candidates only where it
+    /// helps.
+    fn hands_over(&self) -> bool;
 
     /// The live record under `key`, if any.
     async fn get(&self, key: &str) -> Result<Option<Record>, StoreError>;

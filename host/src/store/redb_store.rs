@@ -36,7 +36,7 @@ use self::schema::{
     BUSY_TIMEOUT, KV, LEASES, META, RELEASES_KEY, SCHEMA_VERSION, TERMS, begin_write, lease_row,
     live_lease, open_database, open_read_only,
 };
-use super::{Fence, FencedKv, Record, StoreError, Term, TtlStore};
+use super::{Fence, FencedKv, HandOver, Record, StoreError, Term, TtlStore};
 use crate::clock::{Clock, SystemClock, Timestamp};
 
 /// How often [`TtlStore::wait_released`] reads the release counter without a file watch.
@@ -317,6 +317,15 @@ impl RedbStore {
         }));
     }
 
+    /// After our own release (the `releases`th of the file): it is no news to our next
+    /// waiter, and the in-process `Notify` tells those waiting now.
+    fn released(&self, releases: u64) {
+        self.inner
+            .releases_seen
+            .fetch_max(releases, Ordering::SeqCst);
+        self.inner.released.notify_waiters();
+    }
+
     /// How many releases the file has recorded; see [`RELEASES_KEY`]. Remembered as the
     /// newest count seen.
     async fn releases(&self) -> Result<u64, StoreError> {
@@ -326,6 +335,25 @@ impl RedbStore {
         self.inner.releases_seen.fetch_max(count, Ordering::SeqCst);
         Ok(count)
     }
+}
+
+/// The next term for `key`, recorded in [`TERMS`] by `txn`.
+fn issue_term(txn: &WriteTransaction, key: &str) -> Result<Term, Fault> {
+    let mut terms = txn.open_table(TERMS)?;
+    let term = terms.get(key)?.map_or(0, |t| t.value()).saturating_add(1);
+    terms.insert(key, term)?;
+    Ok(term)
+}
+
+/// Counts a release in `txn` ([`RELEASES_KEY`]); returns the new count.
+fn count_release(txn: &WriteTransaction) -> Result<u64, Fault> {
+    let mut meta = txn.open_table(META)?;
+    let releases = meta
+        .get(RELEASES_KEY)?
+        .map_or(0, |v| v.value())
+        .wrapping_add(1);
+    meta.insert(RELEASES_KEY, releases)?;
+    Ok(releases)
 }
 
 /// The release counter in `txn`'s snapshot; see [`RELEASES_KEY`].
@@ -408,10 +436,7 @@ impl TtlStore for RedbStore {
             if live_lease(&leases, &key, now)?.is_some() {
                 return Ok((None, false));
             }
-            let mut terms = txn.open_table(TERMS)?;
-            let last = terms.get(key.as_str())?.map_or(0, |t| t.value());
-            let term = last.saturating_add(1);
-            terms.insert(key.as_str(), term)?;
+            let term = issue_term(txn, &key)?;
             leases.insert(key.as_str(), lease_row(&value, term, now, ttl))?;
             Ok((Some(term), true))
         })
@@ -447,11 +472,7 @@ impl TtlStore for RedbStore {
                 match live_lease(&leases, &key, now)? {
                     Some((lease, _)) if lease.value == expected => {
                         leases.remove(key.as_str())?;
-                        let mut meta = txn.open_table(META)?;
-                        let releases = meta.get(RELEASES_KEY)?.map_or(0, |v| v.value());
-                        let releases = releases.wrapping_add(1);
-                        meta.insert(RELEASES_KEY, releases)?;
-                        Ok((Some(releases), true))
+                        Ok((Some(count_release(txn)?), true))
                     }
                     _ => Ok((None, false)),
                 }
@@ -460,13 +481,60 @@ impl TtlStore for RedbStore {
         let Some(releases) = deleted else {
             return Ok(false);
         };
-        // Our own release is no news to our next waiter: the in-process `Notify` tells those
-        // waiting now.
-        self.inner
-            .releases_seen
-            .fetch_max(releases, Ordering::SeqCst);
-        self.inner.released.notify_waiters();
+        self.released(releases);
         Ok(true)
+    }
+
+    /// One write transaction: the check, the choice of candidate and the handover are under
+    /// the same lock, so no other writer comes between them.
+    async fn hand_over(
+        &self,
+        key: &str,
+        expected: &str,
+        candidates: &str,
+        ttl: Duration,
+    ) -> Result<HandOver, StoreError> {
+        let (key, expected, candidates) =
+            (key.to_owned(), expected.to_owned(), candidates.to_owned());
+        let handed = self
+            .write("hand_over", Lane::Lease, move |txn, now| {
+                let mut leases = txn.open_table(LEASES)?;
+                if live_lease(&leases, &key, now)?.is_none_or(|(l, _)| l.value != expected) {
+                    return Ok((None, false));
+                }
+                let mut candidate = None;
+                for row in leases.range(candidates.as_str()..)? {
+                    let (name, _) = row?;
+                    let name = name.value();
+                    if !name.starts_with(candidates.as_str()) {
+                        break;
+                    }
+                    if let Some((lease, _)) = live_lease(&leases, name, now)? {
+                        candidate = Some((name.to_owned(), lease.value));
+                        break;
+                    }
+                }
+                let outcome = if let Some((name, to)) = candidate {
+                    leases.remove(name.as_str())?;
+                    let term = issue_term(txn, &key)?;
+                    leases.insert(key.as_str(), lease_row(&to, term, now, ttl))?;
+                    HandOver::To { to, term }
+                } else {
+                    leases.remove(key.as_str())?;
+                    HandOver::Deleted
+                };
+                Ok((Some((outcome, count_release(txn)?)), true))
+            })
+            .await?;
+        let Some((outcome, releases)) = handed else {
+            return Ok(HandOver::NotHeld);
+        };
+        self.released(releases);
+        Ok(outcome)
+    }
+
+    fn hands_over(&self) -> bool {
+        true
     }
 
     async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
@@ -478,6 +546,7 @@ impl TtlStore for RedbStore {
                     value: lease.value,
                     term: lease.term,
                     time_left,
+                    lives_at_least: time_left,
                 }),
             )
         })
@@ -500,6 +569,7 @@ impl TtlStore for RedbStore {
                         value: lease.value,
                         term: lease.term,
                         time_left,
+                        lives_at_least: time_left,
                     };
                     listed.push((key.to_owned(), record));
                 }

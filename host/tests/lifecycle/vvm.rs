@@ -754,3 +754,76 @@ async fn a_store_call_that_never_answers_does_not_hang_the_campaign() {
     assert!(waited >= L / 4 && waited < L / 2, "led after {waited:?}");
     assert_eq!(shut(vvm).await, None);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_graceful_leader_hands_its_slot_to_the_standby_in_its_one_release_write() {
+    let mem = mem_store();
+    let journal = Journal::default();
+    let a = launch(&mem, &journal, "a");
+    leading(&a).await;
+    let a_term = mem.get("slot/1").await.unwrap().unwrap().term;
+    let b = launch(&mem, &journal, "b");
+    sleep(L).await; // b stands as a candidate, and renews its candidacy
+    assert_eq!(*b.vvm.state().borrow(), VvmState::Campaigning);
+    shut(a.vvm).await;
+    let released = Instant::now();
+    assert_eq!(leading(&b).await, 1);
+    assert!(Instant::now() - released < MS, "at once");
+    let record = mem.get("slot/1").await.unwrap().unwrap();
+    assert!(record.value.starts_with('b'), "{record:?}");
+    assert!(
+        record.term > a_term,
+        "a new term: {} after {a_term}",
+        record.term
+    );
+    assert!(
+        b.store
+            .calls_of(Op::Insert)
+            .iter()
+            .all(|c| c.result != Some(Ok(true))),
+        "b wrote nothing to take the slot: a's release handed it over"
+    );
+    // b's deadlines count from a's handover write, and its renewals go on as after an insert.
+    settle().await;
+    assert_eq!(b.services.running(), 1);
+    sleep(L * 3).await;
+    assert_eq!(
+        *b.vvm.state().borrow(),
+        VvmState::Leading {
+            slot: 1,
+            term: record.term
+        }
+    );
+    assert_eq!(b.fired.load(Ordering::SeqCst), 0, "the killer never fired");
+    assert!(
+        mem.list("candidate/").await.unwrap().is_empty(),
+        "no candidacy left"
+    );
+    assert_eq!(shut(b.vvm).await, None);
+    assert!(mem.get("slot/1").await.unwrap().is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slot_handed_to_a_host_that_leads_another_is_handed_on() {
+    let mem = mem_store();
+    let journal = Journal::default();
+    // Slot 2 was handed to c just as c won slot 1 (c's candidacy was still live), and d
+    // stands as a candidate.
+    mem.insert_if_absent("slot/2", "c", L)
+        .await
+        .unwrap()
+        .unwrap();
+    mem.insert_if_absent("candidate/d", "d", L)
+        .await
+        .unwrap()
+        .unwrap();
+    let c = launch_with(&mem, &journal, config("c", 2), Behaviour::default());
+    assert_eq!(leading(&c).await, 1);
+    settle().await;
+    assert_eq!(
+        mem.get("slot/2").await.unwrap().map(|r| r.value).as_deref(),
+        Some("d"),
+        "c handed slot 2 on to the next candidate"
+    );
+    assert_eq!(shut(c.vvm).await, None);
+}

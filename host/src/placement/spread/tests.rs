@@ -562,6 +562,20 @@ impl TtlStore for LateDeletes {
         .unwrap()
     }
 
+    async fn hand_over(
+        &self,
+        key: &str,
+        expected: &str,
+        candidates: &str,
+        ttl: Duration,
+    ) -> Result<crate::store::HandOver, crate::store::StoreError> {
+        self.inner.hand_over(key, expected, candidates, ttl).await
+    }
+
+    fn hands_over(&self) -> bool {
+        self.inner.hands_over()
+    }
+
     async fn get(
         &self,
         key: &str,

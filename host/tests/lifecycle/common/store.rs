@@ -8,7 +8,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::{Instant, sleep};
 use vvm_host::clock::TokioClock;
-use vvm_host::store::{Fence, FencedKv, MemStore, Record, StoreError, Term, TtlStore};
+use vvm_host::store::{Fence, FencedKv, HandOver, MemStore, Record, StoreError, Term, TtlStore};
+use vvm_host::vvm::CANDIDATE_PREFIX;
 
 use super::journal::{Event, Journal};
 
@@ -120,10 +121,13 @@ impl FaultyStore {
         self.calls().into_iter().filter(|c| c.op == op).collect()
     }
 
-    fn next_fault(&self, op: Op, key: &str) -> Fault {
-        if *self.stall_all.lock().unwrap()
+    fn is_stalled(&self, key: &str) -> bool {
+        *self.stall_all.lock().unwrap()
             || self.stalled_keys.lock().unwrap().iter().any(|k| k == key)
-        {
+    }
+
+    fn next_fault(&self, op: Op, key: &str) -> Fault {
+        if self.is_stalled(key) {
             return Fault::Stall;
         }
         let scripted = self
@@ -154,6 +158,14 @@ impl FaultyStore {
     where
         F: Future<Output = Result<T, StoreError>>,
     {
+        if key.starts_with(CANDIDATE_PREFIX) {
+            // A standby's candidacy: only the stalls of a frozen host reach it; scripts,
+            // defaults and the record of calls are about the slots.
+            if self.is_stalled(key) {
+                return std::future::pending().await;
+            }
+            return pass.await;
+        }
         let index = {
             let mut calls = self.calls.lock().unwrap();
             calls.push(Call {
@@ -253,6 +265,34 @@ impl TtlStore for FaultyStore {
             |b| *b,
         )
         .await
+    }
+
+    /// A release: scripted as [`Op::Delete`], which it replaces when candidates wait.
+    async fn hand_over(
+        &self,
+        key: &str,
+        expected: &str,
+        candidates: &str,
+        ttl: Duration,
+    ) -> Result<HandOver, StoreError> {
+        self.run(
+            Op::Delete,
+            key,
+            self.inner.hand_over(key, expected, candidates, ttl),
+            |a| {
+                if a {
+                    HandOver::Deleted
+                } else {
+                    HandOver::NotHeld
+                }
+            },
+            |h| *h != HandOver::NotHeld,
+        )
+        .await
+    }
+
+    fn hands_over(&self) -> bool {
+        self.inner.hands_over()
     }
 
     async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
