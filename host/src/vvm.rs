@@ -302,12 +302,10 @@ impl Launcher {
             }
         };
         // Off the takeover's path (the services run): no more handovers to us, and none on
-        // to ourselves at our own release.
+        // to ourselves at our own release. One may have reached us before the withdrawal.
         if let Some(candidacy) = candidacy {
             candidacy.withdraw().await;
-            if let Some(leading) = &leading {
-                self.hand_on_strays(leading.slot).await;
-            }
+            self.hand_on_strays(leading.as_ref().map(|l| l.slot)).await;
         }
         self.shutdown.cancelled().await;
         self.shutdown_sequence(leading).await;
@@ -365,9 +363,10 @@ impl Launcher {
         }
     }
 
-    /// Hands on any slot besides `ours` that names us: one handed to us after our campaign
-    /// won another, before our candidacy was withdrawn. We lead one slot only.
-    async fn hand_on_strays(&self, ours: u32) {
+    /// Hands on any slot besides `ours` (the one we lead, if any) that names us: one handed to
+    /// us after our campaign won another or ended, before our candidacy was withdrawn. We
+    /// lead one slot at most, and a host that is not campaigning takes none over.
+    async fn hand_on_strays(&self, ours: Option<u32>) {
         let Vvm { config, store, .. } = &self.vvm;
         let listed =
             within_quarter_lease(config.lease, "list", SLOT_PREFIX, store.list(SLOT_PREFIX));
@@ -379,7 +378,9 @@ impl Launcher {
             }
         };
         for (key, record) in records {
-            if key == slot_key(ours) || lease_value::holder(&record.value) != config.holder {
+            if ours.is_some_and(|slot| key == slot_key(slot))
+                || lease_value::holder(&record.value) != config.holder
+            {
                 continue;
             }
             let hand_on = store.hand_over(&key, &record.value, CANDIDATE_PREFIX, config.lease);

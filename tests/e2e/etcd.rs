@@ -116,6 +116,11 @@ fn etcd_standby_takes_over_at_once_after_a_graceful_stop() {
     a.signal(Signal::TERM);
     assert!(a.wait_exit().success());
     let released = a.wait_for(&["released", "\"deleted\":true"]);
+    assert!(
+        released.text.contains(&format!("/{}/", b.pid())),
+        "A handed its slot to B in its release: {}",
+        released.text
+    );
     let first = b.wait_for(&["tick 1:"]);
     // Waiting for the record's time left would take up to the whole lease: the watch must
     // wake B on the delete itself.

@@ -111,6 +111,61 @@ fn hosts_take_over_from_each_other_and_never_run_services_together() {
     assert!(a2.wait_exit().success());
 }
 
+/// The number `field` of a JSON log line.
+fn number(line: &Line, field: &str) -> u64 {
+    let v: serde_json::Value = serde_json::from_str(&line.text).unwrap();
+    v["fields"][field]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no {field} in {}", line.text))
+}
+
+/// A graceful leader hands its slot to a waiting standby in its one release write (the
+/// standby writes nothing to take it), and passes over a standby that stopped renewing its
+/// candidacy (SIGSTOP) for one that did not. The stopped one stays a standby once it runs
+/// again, and is handed the slot at the next graceful stop.
+#[test]
+fn a_graceful_leader_hands_its_slot_over_passing_a_stopped_standby_by() {
+    let _heavy = one_heavy_test_at_a_time();
+    let dir = cluster_dir();
+    let mut a = serve("a", dir.path(), "2s");
+    a.wait_for(&["tick 1:"]);
+    let b = serve("b", dir.path(), "2s");
+    b.wait_for(&["campaigning"]);
+    let mut c = serve("c", dir.path(), "2s");
+    c.wait_for(&["campaigning"]);
+    b.signal(Signal::STOP);
+    // C writes its candidacy again (every L/4) after B's last write.
+    std::thread::sleep(Duration::from_millis(1200));
+    a.signal(Signal::TERM);
+    assert!(a.wait_exit().success());
+    let released = a.wait_for(&["released"]);
+    assert!(
+        released.text.contains(&format!("/{}/", c.pid())),
+        "A handed its slot to C (pid {}): {}",
+        c.pid(),
+        released.text
+    );
+    let acquired = c.wait_for(&["\"acquired\""]);
+    assert_eq!(number(&acquired, "term"), number(&released, "term"));
+    c.wait_for(&["tick 1:"]);
+    b.signal(Signal::CONT);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(ticks(&b).is_empty(), "B stays a standby while C leads");
+
+    c.signal(Signal::TERM);
+    assert!(c.wait_exit().success());
+    let released = c.wait_for_from(0, &["released", "\"to\""]).1;
+    assert!(
+        released.text.contains(&format!("/{}/", b.pid())),
+        "{}",
+        released.text
+    );
+    b.wait_for(&["tick 1:"]);
+    assert_disjoint(&a, &c);
+    assert_disjoint(&c, &b);
+    assert_disjoint(&a, &b);
+}
+
 /// The crash lock: a standby on the same machine takes over from a killed leader while the
 /// leader's record is still live (L = 20 s), but never from a stopped one, which still holds
 /// its lock (and runs again after SIGCONT, until its deadline).

@@ -56,7 +56,7 @@ macro_rules! suite {
             records_from_before_a_reboot_are_expired, kv_writes_are_fenced_by_term,
             a_stale_writer_racing_a_takeover_never_lands_after_the_new_one,
             an_insert_applied_despite_an_error_is_retaken_at_once_and_cleaned_up,
-            wait_released_wakes_on_delete, hand_over_passes_the_record_to_the_first_live_candidate,
+            wait_released_wakes_on_delete, hand_over_passes_the_record_to_the_freshest_live_candidate,
             hand_over_skips_expired_candidates_and_changes_nothing_when_not_held,
             hand_over_wakes_waiters_and_fences_the_old_term, list_returns_the_live_records_under_a_prefix,
             renew_all_renews_every_record_of_the_holder_and_no_other,
@@ -432,18 +432,22 @@ pub(crate) async fn wait_released_wakes_on_delete<B: Backend>(b: &mut B) {
         .unwrap();
 }
 
-/// A releasing holder passes its record to the first live candidate under the prefix (by
-/// key) in one write: the candidate's value, a new term, a fresh TTL, and the candidate's
-/// record gone. With no candidate left the record is deleted.
-pub(crate) async fn hand_over_passes_the_record_to_the_first_live_candidate<B: Backend>(b: &mut B) {
+/// A releasing holder passes its record to the freshest live candidate under the prefix in
+/// one write: the candidate's value, a new term, a fresh TTL, and the candidate's record
+/// gone. With no candidate left the record is deleted.
+pub(crate) async fn hand_over_passes_the_record_to_the_freshest_live_candidate<B: Backend>(
+    b: &mut B,
+) {
     let clock = ManualClock::default();
     let s = b.open(&clock).await;
     let t1 = s.insert_if_absent("k", "a", B::TTL).await.unwrap().unwrap();
-    s.insert_if_absent("cand/y", "y", B::TTL)
+    s.insert_if_absent("cand/x", "x", B::TTL)
         .await
         .unwrap()
         .unwrap();
-    s.insert_if_absent("cand/x", "x", B::TTL)
+    b.advance(&clock, Duration::from_secs(1)).await;
+    // Written later, though later by key: the freshest.
+    s.insert_if_absent("cand/y", "y", B::TTL)
         .await
         .unwrap()
         .unwrap();
@@ -466,25 +470,30 @@ pub(crate) async fn hand_over_passes_the_record_to_the_first_live_candidate<B: B
     let HandOver::To { to, term: t2 } = handed else {
         panic!("not handed over: {handed:?}");
     };
-    assert_eq!(to, "x", "the first candidate by key");
+    assert_eq!(to, "y", "the candidate written last");
     assert!(t2 > t1, "a new term: {t2} after {t1}");
     let rec = s.get("k").await.unwrap().unwrap();
-    assert_eq!((rec.value.as_str(), rec.term), ("x", t2));
+    assert_eq!((rec.value.as_str(), rec.term), ("y", t2));
     assert!(rec.lives_at_least > B::TTL / 2, "a fresh TTL: {rec:?}");
     assert!(
-        s.get("cand/x").await.unwrap().is_none(),
+        s.get("cand/y").await.unwrap().is_none(),
         "its candidacy is used up"
     );
     // The new holder renews as usual, then hands on to the next candidate.
-    assert!(s.compare_and_swap("k", "x", "x+", B::TTL).await.unwrap());
-    let HandOver::To { to, term: t3 } = s.hand_over("k", "x+", "cand/", B::TTL).await.unwrap()
+    assert!(s.compare_and_swap("k", "y", "y+", B::TTL).await.unwrap());
+    assert_eq!(
+        s.get("k").await.unwrap().unwrap().term,
+        t2,
+        "a renewal keeps the term"
+    );
+    let HandOver::To { to, term: t3 } = s.hand_over("k", "y+", "cand/", B::TTL).await.unwrap()
     else {
-        panic!("not handed over to y");
+        panic!("not handed over to x");
     };
-    assert_eq!(to, "y");
+    assert_eq!(to, "x");
     assert!(t3 > t2);
     assert_eq!(
-        s.hand_over("k", "y", "cand/", B::TTL).await.unwrap(),
+        s.hand_over("k", "x", "cand/", B::TTL).await.unwrap(),
         HandOver::Deleted
     );
     assert!(s.get("k").await.unwrap().is_none());
@@ -493,6 +502,7 @@ pub(crate) async fn hand_over_passes_the_record_to_the_first_live_candidate<B: B
         t4 > t3,
         "an insert after a handover still gets a larger term"
     );
+    assert_eq!(s.get("k").await.unwrap().unwrap().term, t4);
     assert_eq!(s.get("candidates").await.unwrap().unwrap().value, "z");
 }
 
@@ -573,6 +583,23 @@ pub(crate) async fn hand_over_wakes_waiters_and_fences_the_old_term<B: Backend>(
             term,
         };
         assert!(s.kv_set(&new, "svc", "x", b"new").await.unwrap());
+        assert!(s.compare_and_swap("k", "b", "b+", B::TTL).await.unwrap());
+        assert!(s.kv_set(&new, "svc", "x", b"renewed").await.unwrap());
+        // Released and taken anew: the handed term is stale too.
+        assert!(s.compare_and_delete("k", "b+").await.unwrap());
+        assert!(!s.kv_set(&new, "svc", "x", b"stale").await.unwrap());
+        let t3 = s.insert_if_absent("k", "c", B::TTL).await.unwrap().unwrap();
+        assert!(!s.kv_set(&new, "svc", "x", b"stale").await.unwrap());
+        assert!(!s.kv_set(&old, "svc", "x", b"stale").await.unwrap());
+        let newest = Fence {
+            lease_key: "k",
+            term: t3,
+        };
+        assert!(s.kv_set(&newest, "svc", "x", b"newest").await.unwrap());
+        assert_eq!(
+            s.kv_get("svc", "x").await.unwrap().as_deref(),
+            Some(&b"newest"[..])
+        );
     }
     assert_eq!(s.hands_over(), matches!(handed, HandOver::To { .. }));
 }

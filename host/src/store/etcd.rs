@@ -6,6 +6,11 @@
 //!   lease of its own, so etcd deletes it when the lease runs out. Its term is the key's create
 //!   revision: etcd revisions are global and only grow, so a later insert always gets a larger
 //!   term, also after deletes and expiry.
+//! - `P term/<key>`: written only by a handover ([`TtlStore::hand_over`]), with no lease and
+//!   never deleted. A put keeps a key's create revision, and etcd refuses a delete and a put
+//!   of one key in one transaction, so a handover records the term it issues as this key's
+//!   mod revision (its own revision). A record's term is the larger of its create revision
+//!   and this mod revision: a later insert creates the record anew, past both.
 //! - `P kv/<space>/<key>`: the guests' fenced key-value space (no lease). `/` and `%` in a
 //!   space name are percent-escaped, so spaces cannot overlap.
 //!
@@ -125,6 +130,10 @@ impl EtcdStore {
 
     fn record_key(&self, key: &str) -> String {
         format!("{}lease/{key}", self.prefix)
+    }
+
+    fn term_key(&self, key: &str) -> String {
+        format!("{}term/{key}", self.prefix)
     }
 
     fn kv_key(&self, space: &str, key: &str) -> String {
@@ -264,6 +273,19 @@ impl EtcdStore {
         Ok(response.take_kvs())
     }
 
+    /// Every handover term key under the term prefix + `prefix`.
+    async fn terms(&self, prefix: &str) -> Result<Vec<etcd_client::KeyValue>, StoreError> {
+        let from = self.term_key(prefix);
+        let mut response = self
+            .call("list", prefix, || {
+                let (mut kv, from) = (self.kv(), from.clone());
+                async move { kv.get(from, Some(GetOptions::new().with_prefix())).await }
+            })
+            .await?;
+        self.saw(response.header());
+        Ok(response.take_kvs())
+    }
+
     /// The record key of an etcd key under the record prefix, if it is one and UTF-8.
     fn record_name(&self, kv: &etcd_client::KeyValue) -> Option<String> {
         let full = kv.key_str().ok()?;
@@ -320,16 +342,26 @@ impl EtcdStore {
         Ok(response)
     }
 
-    /// One read of the record: its key-value and lease time left, `None` if it is gone.
+    /// One read of the record: its key-value, term and lease time left, `None` if it is gone.
     async fn read(
         &self,
         key: &str,
-    ) -> Result<Option<(etcd_client::KeyValue, i64, i64)>, StoreError> {
-        let mut response = self
-            .call("get", key, || self.get_request(self.record_key(key)))
+    ) -> Result<Option<(etcd_client::KeyValue, i64, i64, i64)>, StoreError> {
+        // The record and its handover term in one read-only transaction (no raft write).
+        let (record, terms) = (self.record_key(key), self.term_key(key));
+        let response = self
+            .call("get", key, || {
+                let (mut kv, record, terms) = (self.kv(), record.clone(), terms.clone());
+                let txn = Txn::new().and_then([TxnOp::get(record, None), TxnOp::get(terms, None)]);
+                async move { kv.txn(txn).await }
+            })
             .await?;
         self.saw(response.header());
-        let Some(kv) = response.take_kvs().into_iter().next() else {
+        let mut got = response.op_responses().into_iter().map(|op| match op {
+            TxnOpResponse::Get(mut get) => get.take_kvs().into_iter().next(),
+            _ => None,
+        });
+        let (Some(kv), handed) = (got.next().flatten(), got.next().flatten()) else {
             return Ok(None);
         };
         if kv.lease() == 0 {
@@ -338,13 +370,27 @@ impl EtcdStore {
                 ForeignRecord("the record has no lease: it was not written by vvm-host"),
             ));
         }
+        let term = term_of(&kv, handed.as_ref());
         let ttl = self
             .call("get", key, || {
                 let (mut leases, id) = (self.leases(), kv.lease());
                 async move { leases.time_to_live(id, None).await }
             })
             .await?;
-        Ok(Some((kv, ttl.ttl(), ttl.granted_ttl())))
+        Ok(Some((kv, term, ttl.ttl(), ttl.granted_ttl())))
+    }
+
+    /// Releases `key` if it holds `expected`, as [`TtlStore::compare_and_delete`] reports it.
+    async fn delete_for_hand_over(
+        &self,
+        key: &str,
+        expected: &str,
+    ) -> Result<HandOver, StoreError> {
+        Ok(if self.compare_and_delete(key, expected).await? {
+            HandOver::Deleted
+        } else {
+            HandOver::NotHeld
+        })
     }
 }
 
@@ -431,32 +477,70 @@ impl TtlStore for EtcdStore {
         Ok(response.succeeded())
     }
 
-    /// Deletes the record: etcd keeps a key's create revision (its term) across puts and
-    /// refuses a delete and a put of one key in one transaction, so a handover could not
-    /// issue a new term in a single write. The next holder inserts, as after any release.
+    /// Two requests: a read of the candidates, then one transaction that moves the record
+    /// onto the freshest candidate's own etcd lease (the one it renews its candidacy with),
+    /// records the new term (`P term/<key>`), and deletes the candidacy, if the record still
+    /// has `expected` and the candidacy is unchanged since the read. If the candidacy moved on
+    /// meanwhile (renewed, expired), the record is deleted instead.
     async fn hand_over(
         &self,
         key: &str,
         expected: &str,
-        _candidates: &str,
+        candidates: &str,
         _ttl: Duration,
     ) -> Result<HandOver, StoreError> {
-        Ok(if self.compare_and_delete(key, expected).await? {
-            HandOver::Deleted
-        } else {
-            HandOver::NotHeld
+        const OP: &str = "hand_over";
+        // The freshest: written last (the largest mod revision).
+        let freshest = self
+            .range(OP, candidates)
+            .await?
+            .into_iter()
+            .filter(|kv| kv.lease() != 0 && kv.value_str().is_ok())
+            .max_by_key(etcd_client::KeyValue::mod_revision);
+        let Some(candidate) = freshest else {
+            return self.delete_for_hand_over(key, expected).await;
+        };
+        let to = candidate.value_str().unwrap_or_default().to_owned();
+        let record = self.record_key(key);
+        let on_its_lease = PutOptions::new()
+            .with_lease(candidate.lease())
+            .with_prev_key();
+        let txn = Txn::new()
+            .when([
+                Compare::value(record.as_str(), CompareOp::Equal, expected),
+                Compare::mod_revision(candidate.key(), CompareOp::Equal, candidate.mod_revision()),
+            ])
+            .and_then([
+                TxnOp::put(record, to.as_str(), Some(on_its_lease)),
+                TxnOp::put(self.term_key(key), "", None),
+                TxnOp::delete(candidate.key(), None),
+            ]);
+        let response = self.txn(OP, key, txn).await?;
+        if !response.succeeded() {
+            return self.delete_for_hand_over(key, expected).await;
+        }
+        // The transaction's own revision: the term key's mod revision.
+        let term = response
+            .header()
+            .map_or(0, etcd_client::ResponseHeader::revision);
+        self.written_on().remove(key);
+        tracing::debug!(key, to, term, "etcd record handed over");
+        self.revoke_if_empty(previous_lease(&response)).await;
+        Ok(HandOver::To {
+            to,
+            term: u64::try_from(term).unwrap_or(0),
         })
     }
 
     fn hands_over(&self) -> bool {
-        false
+        true
     }
 
     async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
         // A swap between reading the key and asking for its lease revokes the lease we ask
         // about; read once more before calling the record gone.
         for _ in 0..2 {
-            let Some((kv, left, granted)) = self.read(key).await? else {
+            let Some((kv, term, left, granted)) = self.read(key).await? else {
                 return Ok(None);
             };
             if left < 0 {
@@ -470,7 +554,7 @@ impl TtlStore for EtcdStore {
             })?;
             return Ok(Some(Record {
                 value: value.to_owned(),
-                term: u64::try_from(kv.create_revision()).unwrap_or(0),
+                term: u64::try_from(term).unwrap_or(0),
                 time_left: upper_bound(left, granted),
                 lives_at_least: lower_bound(left),
             }));
@@ -482,10 +566,17 @@ impl TtlStore for EtcdStore {
         let mut listed = Vec::new();
         // One lease read per distinct lease: a spread host keeps all its records on one.
         let mut left: HashMap<i64, Option<(i64, i64)>> = HashMap::new();
+        let handed: HashMap<Vec<u8>, etcd_client::KeyValue> = self
+            .terms(prefix)
+            .await?
+            .into_iter()
+            .map(|kv| (kv.key().to_vec(), kv))
+            .collect();
         for kv in self.range("list", prefix).await? {
             let Some(key) = self.record_name(&kv) else {
                 continue;
             };
+            let term = term_of(&kv, handed.get(self.term_key(&key).as_bytes()));
             let lease = kv.lease();
             let known = if let Some(known) = left.get(&lease) {
                 *known
@@ -505,7 +596,7 @@ impl TtlStore for EtcdStore {
             };
             let record = Record {
                 value: value.to_owned(),
-                term: u64::try_from(kv.create_revision()).unwrap_or(0),
+                term: u64::try_from(term).unwrap_or(0),
                 time_left: upper_bound(ttl, granted),
                 lives_at_least: lower_bound(ttl),
             };
@@ -656,11 +747,30 @@ impl FencedKv for EtcdStore {
         let Ok(term) = i64::try_from(fence.term) else {
             return Ok(false);
         };
-        let record = self.record_key(fence.lease_key);
+        // The record's term is the larger of its create revision and its handover term key's
+        // mod revision (see the module docs): one branch for each.
+        let (record, terms) = (
+            self.record_key(fence.lease_key),
+            self.term_key(fence.lease_key),
+        );
+        let put = TxnOp::put(self.kv_key(space, key), value, None);
+        let handed = Txn::new()
+            .when([
+                Compare::mod_revision(terms.as_str(), CompareOp::Equal, term),
+                Compare::create_revision(record.as_str(), CompareOp::Greater, 0),
+                Compare::create_revision(record.as_str(), CompareOp::Less, term),
+            ])
+            .and_then([put.clone()]);
         let txn = Txn::new()
-            .when([Compare::create_revision(record, CompareOp::Equal, term)])
-            .and_then([TxnOp::put(self.kv_key(space, key), value, None)]);
-        Ok(self.txn("kv_set", key, txn).await?.succeeded())
+            .when([
+                Compare::create_revision(record.as_str(), CompareOp::Equal, term),
+                Compare::mod_revision(terms.as_str(), CompareOp::Less, term),
+            ])
+            .and_then([put])
+            .or_else([TxnOp::txn(handed)]);
+        let response = self.txn("kv_set", key, txn).await?;
+        Ok(response.succeeded()
+            || matches!(response.op_responses().first(), Some(TxnOpResponse::Txn(t)) if t.succeeded()))
     }
 }
 
@@ -679,6 +789,14 @@ fn upper_bound(left: i64, granted: i64) -> Duration {
 /// A lower bound on a lease's time left: etcd's whole seconds, truncated.
 fn lower_bound(left: i64) -> Duration {
     Duration::from_secs(u64::try_from(left).unwrap_or(0))
+}
+
+/// A record's term: its create revision, or the term a handover issued it since (the mod
+/// revision of its term key, when that is the later one).
+fn term_of(record: &etcd_client::KeyValue, handed: Option<&etcd_client::KeyValue>) -> i64 {
+    handed
+        .map_or(0, etcd_client::KeyValue::mod_revision)
+        .max(record.create_revision())
 }
 
 /// The lease of the key-value a put or delete in a successful transaction replaced.

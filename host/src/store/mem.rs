@@ -137,14 +137,14 @@ impl TtlStore for MemStore {
         if state.live(key, now).is_none_or(|e| e.value != expected) {
             return Ok(HandOver::NotHeld);
         }
-        let mut waiting: Vec<(String, String)> = state
+        // The freshest: the latest expiry, then the first key.
+        let freshest = state
             .records
             .iter()
             .filter(|(k, e)| k.starts_with(candidates) && e.expires.left_from(now).is_some())
-            .map(|(k, e)| (k.clone(), e.value.clone()))
-            .collect();
-        waiting.sort();
-        let outcome = if let Some((candidate, to)) = waiting.into_iter().next() {
+            .min_by(|(ka, a), (kb, b)| b.expires.cmp(&a.expires).then(ka.cmp(kb)))
+            .map(|(k, e)| (k.clone(), e.value.clone()));
+        let outcome = if let Some((candidate, to)) = freshest {
             state.records.remove(&candidate);
             let term = state.issue(key, &to, now.after(ttl));
             HandOver::To { to, term }

@@ -221,15 +221,17 @@ pub trait TtlStore: Send + Sync {
     async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool, StoreError>;
 
     /// Releases the live record under `key` if its value equals `expected`, passing it in
-    /// the same write to a waiting host: the first live record under `candidates` (by key)
-    /// gives the record its value and a new term
-    /// (as an insert would issue), expiring now + `ttl`; that candidate's record is deleted.
-    /// With no live candidate the record is deleted, as by
+    /// the same write to a waiting host: the live record under `candidates` written last
+    /// (so a host that stopped renewing its candidacy is passed over for one that did not;
+    /// ties go to the first by key) gives the record its value and a new term, as an insert
+    /// would issue, expiring now + `ttl` (etcd: on the candidate's own lease); that
+    /// candidate's record is deleted. With no live candidate the record is deleted, as by
     /// [`TtlStore::compare_and_delete`]. Either way [`TtlStore::wait_released`] waiters wake.
     ///
     /// One write instead of a delete and the next holder's insert: the candidate takes the
     /// lease over by reading it (SPEC §5, takeover targets). A backend that cannot issue a
-    /// new term in the same write deletes the record and reports [`HandOver::Deleted`].
+    /// new term in the same write deletes the record and says so with
+    /// [`TtlStore::hands_over`].
     async fn hand_over(
         &self,
         key: &str,
@@ -239,8 +241,7 @@ pub trait TtlStore: Send + Sync {
     ) -> Result<HandOver, StoreError>;
 
     /// True if [`TtlStore::hand_over`] passes a record on in its one write; false for a
-    /// backend that only deletes it there (etcd). Hosts stand as candidates only where it
-    /// helps.
+    /// backend that only deletes it there. Hosts stand as candidates only where it helps.
     fn hands_over(&self) -> bool;
 
     /// The live record under `key`, if any.

@@ -502,19 +502,21 @@ impl TtlStore for RedbStore {
                 if live_lease(&leases, &key, now)?.is_none_or(|(l, _)| l.value != expected) {
                     return Ok((None, false));
                 }
-                let mut candidate = None;
+                // The freshest: the most time left, then the first key.
+                let mut candidate: Option<(String, String, Duration)> = None;
                 for row in leases.range(candidates.as_str()..)? {
                     let (name, _) = row?;
                     let name = name.value();
                     if !name.starts_with(candidates.as_str()) {
                         break;
                     }
-                    if let Some((lease, _)) = live_lease(&leases, name, now)? {
-                        candidate = Some((name.to_owned(), lease.value));
-                        break;
+                    if let Some((lease, left)) = live_lease(&leases, name, now)?
+                        && candidate.as_ref().is_none_or(|(_, _, best)| left > *best)
+                    {
+                        candidate = Some((name.to_owned(), lease.value, left));
                     }
                 }
-                let outcome = if let Some((name, to)) = candidate {
+                let outcome = if let Some((name, to, _)) = candidate {
                     leases.remove(name.as_str())?;
                     let term = issue_term(txn, &key)?;
                     leases.insert(key.as_str(), lease_row(&to, term, now, ttl))?;
