@@ -1,5 +1,15 @@
 //! Elections (SPEC §4): acquire, renew and release leases; the local lease deadline.
 //!
+//! **[departs]** SPEC §4's `release` is a compare-and-delete, after which the next holder
+//! inserts: two durable writes between a leader's stop and its successor's start. Here a
+//! host that campaigns stands as a candidate ([`Elections::stand`]: a record of its own under
+//! a candidates prefix), and a release hands the record to the freshest candidate in its one
+//! write, with a new term ([`crate::store::TtlStore::hand_over`]). The candidate takes it
+//! over by reading it ([`Elections::adopt`]): its deadlines count from the record's remaining
+//! life as the store reports it, read start + time left − 0.2·L, so the invariant "never later
+//! than the record's expiry − 0.2·L" holds as after its own write. With no live candidate the
+//! record is deleted as before.
+//!
 //! Every deadline here is read on the elections' [`Clock`] (`CLOCK_BOOTTIME` in production), so
 //! a machine that was suspended resumes with its deadlines passed, as the store's are. Timers
 //! that only pace the work (the renewal tick, retries) sleep on tokio's clock.
@@ -18,7 +28,7 @@ use crate::clock::{Clock, Timestamp};
 use crate::killer::Killer;
 use crate::lease_value::{self, RunningReport, RunningService};
 use crate::ops::{Ops, RenewalOutcome};
-use crate::store::{HandOver, Record, Store, StoreError, Term};
+use crate::store::{Candidates, HandOver, Record, Store, StoreError, Term};
 
 /// Renew every `L / RENEW_DIVISOR`.
 const RENEW_DIVISOR: u32 = 4;
@@ -121,7 +131,7 @@ pub struct Elections {
 struct State {
     cleaned_up: bool,
     /// Where hosts waiting for our leases stand ([`Elections::hand_over_to`]).
-    candidates: Option<String>,
+    candidates: Option<Candidates>,
     held: HashMap<String, Held>,
     /// Acquisitions dropped while their insert was in flight (key → value, lease): the write
     /// may still land in the store, so cleanup deletes our record there.
@@ -347,23 +357,30 @@ impl Elections {
         }))
     }
 
-    /// From now on a release hands the lease to a host standing under `candidates`
-    /// ([`Elections::stand`]) in the same write, if one is live ([`crate::store::TtlStore::hand_over`]).
-    pub fn hand_over_to(&self, candidates: &str) {
-        self.lock().candidates = Some(candidates.to_owned());
+    /// From now on a release hands the lease to one of `candidates` ([`Elections::stand`])
+    /// in the same write, if one is live ([`crate::store::TtlStore::hand_over`]).
+    pub fn hand_over_to(&self, candidates: Candidates) {
+        self.lock().candidates = Some(candidates);
     }
 
     /// Stands as a candidate for the leases of other holders: a record `key` with our
-    /// `holder` value, rewritten every `L/4`, that a releasing holder may hand its lease to
-    /// (see [`Elections::adopt`]). It ends, and the record is deleted, when the returned
-    /// [`Candidacy`] is withdrawn. A store failure only leaves the record to expire or be
-    /// written at the next tick: standing is an offer, never required.
-    pub fn stand(self: &Arc<Self>, key: &str, holder: &str, lease: Duration) -> Candidacy {
+    /// `holder` value that lives `ttl` and is rewritten every `ttl / 4`, which a releasing
+    /// holder may hand its lease to (see [`Elections::adopt`]). Each store call waits at most
+    /// as long as a renewal of a lease `lease` long would. It ends, and the record is deleted,
+    /// when the returned [`Candidacy`] is withdrawn. A store failure only leaves the record to
+    /// expire or be written at the next tick: standing is an offer, never required.
+    pub fn stand(
+        self: &Arc<Self>,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        lease: Duration,
+    ) -> Candidacy {
         let stop = CancellationToken::new();
         let task = tokio::spawn(Arc::clone(self).keep_standing(
             key.to_owned(),
             holder.to_owned(),
-            lease,
+            (ttl, lease),
             stop.clone(),
         ));
         Candidacy { stop, task }
@@ -373,7 +390,7 @@ impl Elections {
         self: Arc<Self>,
         key: String,
         holder: String,
-        lease: Duration,
+        (ttl, lease): (Duration, Duration),
         stop: CancellationToken,
     ) {
         let mut written = false;
@@ -408,7 +425,7 @@ impl Elections {
             }
             tokio::select! {
                 () = stop.cancelled() => break,
-                () = sleep(lease / RENEW_DIVISOR) => {}
+                () = sleep(ttl / RENEW_DIVISOR) => {}
             }
         }
         // A write stopped mid-way may land after this delete; the record then expires.
@@ -498,7 +515,7 @@ impl Elections {
         &self,
         key: &str,
         value: &str,
-        candidates: &str,
+        candidates: &Candidates,
         lease: Duration,
     ) -> bool {
         let hand_over = self.store.hand_over(key, value, candidates, lease);

@@ -18,7 +18,7 @@ use crate::killer::Killer;
 use crate::lease_value;
 use crate::problem::{Problem, ProblemReporter};
 use crate::services::{LeaseInfo, RunningServices, ServiceContext, ServiceError, Services};
-use crate::store::{Record, Store, StoreError, Term};
+use crate::store::{Candidates, Record, Store, StoreError, Term};
 
 /// How a VVM campaigns and holds its lease.
 #[derive(Clone, Debug)]
@@ -53,10 +53,7 @@ pub fn holder_value() -> String {
     static SEQ: AtomicU64 = AtomicU64::new(0);
     let run = RUN.get_or_init(|| {
         // No control characters: a newline ends the holder in a record's value (`lease_value`).
-        let host = rustix::system::uname()
-            .nodename()
-            .to_string_lossy()
-            .replace(char::is_control, "_");
+        let host = node_name();
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
@@ -71,6 +68,49 @@ pub const SLOT_PREFIX: &str = "slot/";
 /// The prefix of the records of hosts waiting for a slot, to which a releasing leader hands
 /// its slot in the same write ([`crate::store::TtlStore::hand_over`]).
 pub const CANDIDATE_PREFIX: &str = "candidate/";
+
+/// The hosts our slot may be handed to: those standing under [`CANDIDATE_PREFIX`] that
+/// [`can_take_over`].
+fn candidates() -> Candidates {
+    Candidates {
+        prefix: CANDIDATE_PREFIX.to_owned(),
+        eligible: Arc::new(can_take_over),
+    }
+}
+
+/// Whether the host of `holder` (a [`holder_value`]) can take a lease over now: not when it
+/// runs on this machine and its process is stopped (SIGSTOP, a debugger) or gone; a stopped
+/// standby handed a slot would leave it idle until the record expires. A host on another
+/// machine, or whose process this one cannot see (another pid namespace), is taken as able.
+pub fn can_take_over(holder: &str) -> bool {
+    let mut parts = holder.rsplitn(4, '/');
+    let (Some(_seq), Some(_nanos), Some(pid), Some(host)) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return true;
+    };
+    if host != node_name() || pid.parse::<u32>().is_err() {
+        return true;
+    }
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        // No such process here: gone, or in another pid namespace. Either way it cannot be
+        // told from a live one, and a delete is the safe fallback.
+        return false;
+    };
+    // `pid (comm) state ...`: the command may hold spaces and parentheses.
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next());
+    !matches!(state, Some("T" | "t" | "Z" | "X" | "x"))
+}
+
+/// This machine's node name as a holder value carries it.
+fn node_name() -> String {
+    rustix::system::uname()
+        .nodename()
+        .to_string_lossy()
+        .replace(char::is_control, "_")
+}
 
 /// The store key of slot `slot`.
 pub fn slot_key(slot: u32) -> String {
@@ -152,7 +192,7 @@ impl Vvm {
             Arc::clone(&self.killer),
             Arc::clone(&self.clock),
         );
-        elections.hand_over_to(CANDIDATE_PREFIX);
+        elections.hand_over_to(candidates());
         let killer = Arc::clone(&self.killer);
         // Before any record can carry our holder value: a standby that finds the value in a
         // record also finds our lock held. Without it standbys wait out our lease.
@@ -274,13 +314,12 @@ impl Launcher {
         let config = &self.vvm.config;
         // While campaigning, a leader that releases its slot may hand it to us in the same
         // write; we then find our holder in the record and take it over by reading it.
-        let candidacy = self.vvm.store.hands_over().then(|| {
-            self.elections.stand(
-                &format!("{CANDIDATE_PREFIX}{}", config.holder),
-                &config.holder,
-                config.lease,
-            )
-        });
+        let candidacy = self.elections.stand(
+            &format!("{CANDIDATE_PREFIX}{}", config.holder),
+            &config.holder,
+            self.vvm.store.candidacy_ttl(config.lease),
+            config.lease,
+        );
         // Shutdown may come while a store call hangs: stop campaigning at once. An insert
         // dropped mid-write is remembered by the elections, whose cleanup deletes it.
         let campaign = tokio::select! {
@@ -303,10 +342,8 @@ impl Launcher {
         };
         // Off the takeover's path (the services run): no more handovers to us, and none on
         // to ourselves at our own release. One may have reached us before the withdrawal.
-        if let Some(candidacy) = candidacy {
-            candidacy.withdraw().await;
-            self.hand_on_strays(leading.as_ref().map(|l| l.slot)).await;
-        }
+        candidacy.withdraw().await;
+        self.hand_on_strays(leading.as_ref().map(|l| l.slot)).await;
         self.shutdown.cancelled().await;
         self.shutdown_sequence(leading).await;
     }
@@ -383,7 +420,8 @@ impl Launcher {
             {
                 continue;
             }
-            let hand_on = store.hand_over(&key, &record.value, CANDIDATE_PREFIX, config.lease);
+            let to = candidates();
+            let hand_on = store.hand_over(&key, &record.value, &to, config.lease);
             match within_quarter_lease(config.lease, "hand_over", &key, hand_on).await {
                 Ok(handed) => tracing::info!(
                     key,
@@ -570,9 +608,7 @@ impl Launcher {
                     }
                     Ok(Some(record)) => {
                         seen_live = true;
-                        if store.hands_over() {
-                            held_by_others.insert(slot);
-                        }
+                        held_by_others.insert(slot);
                         wait = wait.min(record.time_left);
                         dead.watch(&key, lease_value::holder(&record.value));
                     }
@@ -643,5 +679,46 @@ async fn monitor_leadership(
             stopping.cancel();
             problems.report(Problem::LeadershipLost);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A holder value of a process of this machine.
+    fn local_holder(pid: u32) -> String {
+        format!("{}/{pid}/1a2b/0", node_name())
+    }
+
+    #[test]
+    fn a_stopped_or_gone_local_process_cannot_take_over_any_other_can() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let holder = local_holder(child.id());
+        assert!(can_take_over(&holder), "a running process");
+        let pid = rustix::process::Pid::from_raw(i32::try_from(child.id()).unwrap()).unwrap();
+        rustix::process::kill_process(pid, rustix::process::Signal::STOP).unwrap();
+        // The state changes once the signal is delivered.
+        let stopped = (0..1000).any(|_| {
+            std::thread::sleep(Duration::from_millis(2));
+            !can_take_over(&holder)
+        });
+        assert!(stopped, "a stopped process");
+        rustix::process::kill_process(pid, rustix::process::Signal::CONT).unwrap();
+        let resumed = (0..1000).any(|_| {
+            std::thread::sleep(Duration::from_millis(2));
+            can_take_over(&holder)
+        });
+        assert!(resumed, "running again");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!can_take_over(&holder), "gone");
+        // Not ours to judge: another machine, or no pid in the value.
+        assert!(can_take_over(&format!("elsewhere/{}/1a2b/0", child.id())));
+        assert!(can_take_over("not a holder value"));
+        assert!(can_take_over(&holder_value()), "this process");
     }
 }

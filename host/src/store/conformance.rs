@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Fence, FencedKv, HandOver, Store, TtlStore};
+use super::{Candidates, Fence, FencedKv, HandOver, Store, TtlStore};
 use crate::clock::ManualClock;
 
 /// How the suite opens a backend and moves its clock.
@@ -57,7 +57,7 @@ macro_rules! suite {
             a_stale_writer_racing_a_takeover_never_lands_after_the_new_one,
             an_insert_applied_despite_an_error_is_retaken_at_once_and_cleaned_up,
             wait_released_wakes_on_delete, hand_over_passes_the_record_to_the_freshest_live_candidate,
-            hand_over_skips_expired_candidates_and_changes_nothing_when_not_held,
+            hand_over_passes_expired_and_ineligible_candidates_over_and_changes_nothing_when_not_held,
             hand_over_wakes_waiters_and_fences_the_old_term, list_returns_the_live_records_under_a_prefix,
             renew_all_renews_every_record_of_the_holder_and_no_other,
             renew_all_never_renews_a_record_the_holder_lost);
@@ -432,6 +432,11 @@ pub(crate) async fn wait_released_wakes_on_delete<B: Backend>(b: &mut B) {
         .unwrap();
 }
 
+/// The candidates of the hand-over cases.
+fn cand() -> Candidates {
+    Candidates::any("cand/")
+}
+
 /// A releasing holder passes its record to the freshest live candidate under the prefix in
 /// one write: the candidate's value, a new term, a fresh TTL, and the candidate's record
 /// gone. With no candidate left the record is deleted.
@@ -456,17 +461,7 @@ pub(crate) async fn hand_over_passes_the_record_to_the_freshest_live_candidate<B
         .await
         .unwrap()
         .unwrap();
-    let handed = s.hand_over("k", "a", "cand/", B::TTL).await.unwrap();
-    if !s.hands_over() {
-        assert_eq!(handed, HandOver::Deleted);
-        assert!(s.get("k").await.unwrap().is_none());
-        assert_eq!(
-            s.list("cand/").await.unwrap().len(),
-            2,
-            "candidates untouched"
-        );
-        return;
-    }
+    let handed = s.hand_over("k", "a", &cand(), B::TTL).await.unwrap();
     let HandOver::To { to, term: t2 } = handed else {
         panic!("not handed over: {handed:?}");
     };
@@ -486,14 +481,14 @@ pub(crate) async fn hand_over_passes_the_record_to_the_freshest_live_candidate<B
         t2,
         "a renewal keeps the term"
     );
-    let HandOver::To { to, term: t3 } = s.hand_over("k", "y+", "cand/", B::TTL).await.unwrap()
+    let HandOver::To { to, term: t3 } = s.hand_over("k", "y+", &cand(), B::TTL).await.unwrap()
     else {
         panic!("not handed over to x");
     };
     assert_eq!(to, "x");
     assert!(t3 > t2);
     assert_eq!(
-        s.hand_over("k", "x", "cand/", B::TTL).await.unwrap(),
+        s.hand_over("k", "x", &cand(), B::TTL).await.unwrap(),
         HandOver::Deleted
     );
     assert!(s.get("k").await.unwrap().is_none());
@@ -506,7 +501,7 @@ pub(crate) async fn hand_over_passes_the_record_to_the_freshest_live_candidate<B
     assert_eq!(s.get("candidates").await.unwrap().unwrap().value, "z");
 }
 
-pub(crate) async fn hand_over_skips_expired_candidates_and_changes_nothing_when_not_held<
+pub(crate) async fn hand_over_passes_expired_and_ineligible_candidates_over_and_changes_nothing_when_not_held<
     B: Backend,
 >(
     b: &mut B,
@@ -531,25 +526,41 @@ pub(crate) async fn hand_over_skips_expired_candidates_and_changes_nothing_when_
         .unwrap();
     // Not ours: nothing changes.
     assert_eq!(
-        s.hand_over("k", "other", "cand/", B::TTL).await.unwrap(),
+        s.hand_over("k", "other", &cand(), B::TTL).await.unwrap(),
         HandOver::NotHeld
     );
     assert_eq!(
-        s.hand_over("absent", "a", "cand/", B::TTL).await.unwrap(),
+        s.hand_over("absent", "a", &cand(), B::TTL).await.unwrap(),
         HandOver::NotHeld
     );
     let rec = s.get("k").await.unwrap().unwrap();
     assert_eq!((rec.value.as_str(), rec.term), ("a", t1));
     assert_eq!(s.get("cand/b").await.unwrap().unwrap().value, "b");
-    let handed = s.hand_over("k", "a", "cand/", B::TTL).await.unwrap();
-    if s.hands_over() {
-        assert!(
-            matches!(&handed, HandOver::To { to, .. } if to == "b"),
-            "the expired candidate is skipped: {handed:?}"
-        );
-    } else {
-        assert_eq!(handed, HandOver::Deleted);
-    }
+    // A live candidate that is not eligible (its process stopped, say) is passed over, even
+    // the freshest.
+    b.advance(&clock, Duration::from_secs(1)).await;
+    s.insert_if_absent("cand/c", "stopped", B::TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    let not_stopped = Candidates {
+        eligible: Arc::new(|value: &str| value != "stopped"),
+        ..cand()
+    };
+    let handed = s.hand_over("k", "a", &not_stopped, B::TTL).await.unwrap();
+    assert!(
+        matches!(&handed, HandOver::To { to, .. } if to == "b"),
+        "the expired and the ineligible candidates are passed over: {handed:?}"
+    );
+    assert_eq!(s.get("cand/c").await.unwrap().unwrap().value, "stopped");
+    let nobody = Candidates {
+        eligible: Arc::new(|_: &str| false),
+        ..cand()
+    };
+    assert_eq!(
+        s.hand_over("k", "b", &nobody, B::TTL).await.unwrap(),
+        HandOver::Deleted
+    );
 }
 
 /// A handover wakes waiters as a delete does, and fences the old holder's writes out.
@@ -567,7 +578,7 @@ pub(crate) async fn hand_over_wakes_waiters_and_fences_the_old_term<B: Backend>(
     });
     // Let the waiter start waiting before the release.
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let handed = s.hand_over("k", "a", "cand/", B::TTL).await.unwrap();
+    let handed = s.hand_over("k", "a", &cand(), B::TTL).await.unwrap();
     tokio::time::timeout(Duration::from_secs(20), waiter)
         .await
         .expect("wait_released returned after the handover, not after an hour")
@@ -577,7 +588,8 @@ pub(crate) async fn hand_over_wakes_waiters_and_fences_the_old_term<B: Backend>(
         term: t1,
     };
     assert!(!s.kv_set(&old, "svc", "x", b"stale").await.unwrap());
-    if let HandOver::To { term, .. } = handed {
+    if let HandOver::To { term, .. } = &handed {
+        let term = *term;
         let new = Fence {
             lease_key: "k",
             term,
@@ -601,7 +613,7 @@ pub(crate) async fn hand_over_wakes_waiters_and_fences_the_old_term<B: Backend>(
             Some(&b"newest"[..])
         );
     }
-    assert_eq!(s.hands_over(), matches!(handed, HandOver::To { .. }));
+    assert!(matches!(handed, HandOver::To { .. }));
 }
 
 pub(crate) async fn list_returns_the_live_records_under_a_prefix<B: Backend>(b: &mut B) {
@@ -822,14 +834,14 @@ impl<S: Store> TtlStore for AppliedThenFailed<S> {
         &self,
         key: &str,
         expected: &str,
-        candidates: &str,
+        candidates: &super::Candidates,
         ttl: Duration,
     ) -> Result<super::HandOver, super::StoreError> {
         self.inner.hand_over(key, expected, candidates, ttl).await
     }
 
-    fn hands_over(&self) -> bool {
-        self.inner.hands_over()
+    fn candidacy_ttl(&self, lease: Duration) -> Duration {
+        self.inner.candidacy_ttl(lease)
     }
 
     async fn get(&self, key: &str) -> Result<Option<super::Record>, super::StoreError> {

@@ -43,7 +43,7 @@ use tonic::Code;
 
 pub use options::{EtcdOptions, EtcdTls, EtcdUrlError};
 
-use super::{Fence, FencedKv, HandOver, Record, StoreError, Term, TtlStore};
+use super::{Candidates, Fence, FencedKv, HandOver, Record, StoreError, Term, TtlStore};
 
 /// The store contract on an etcd cluster. Cheap to share behind an `Arc`; every call is one
 /// or a few requests, each bounded by [`EtcdOptions::request_timeout`].
@@ -486,16 +486,16 @@ impl TtlStore for EtcdStore {
         &self,
         key: &str,
         expected: &str,
-        candidates: &str,
+        candidates: &Candidates,
         _ttl: Duration,
     ) -> Result<HandOver, StoreError> {
         const OP: &str = "hand_over";
         // The freshest: written last (the largest mod revision).
         let freshest = self
-            .range(OP, candidates)
+            .range(OP, &candidates.prefix)
             .await?
             .into_iter()
-            .filter(|kv| kv.lease() != 0 && kv.value_str().is_ok())
+            .filter(|kv| kv.lease() != 0 && kv.value_str().is_ok_and(|v| (candidates.eligible)(v)))
             .max_by_key(etcd_client::KeyValue::mod_revision);
         let Some(candidate) = freshest else {
             return self.delete_for_hand_over(key, expected).await;
@@ -532,8 +532,8 @@ impl TtlStore for EtcdStore {
         })
     }
 
-    fn hands_over(&self) -> bool {
-        true
+    fn candidacy_ttl(&self, lease: Duration) -> Duration {
+        lease
     }
 
     async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::Notify;
 
-use super::{Fence, FencedKv, HandOver, Record, StoreError, Term, TtlStore};
+use super::{Candidates, Fence, FencedKv, HandOver, Record, StoreError, Term, TtlStore};
 use crate::clock::{Clock, Timestamp};
 
 /// The store contract held in memory: nothing survives the process. Cheap to clone; clones
@@ -129,7 +129,7 @@ impl TtlStore for MemStore {
         &self,
         key: &str,
         expected: &str,
-        candidates: &str,
+        candidates: &Candidates,
         ttl: Duration,
     ) -> Result<HandOver, StoreError> {
         let now = self.clock.now();
@@ -141,7 +141,11 @@ impl TtlStore for MemStore {
         let freshest = state
             .records
             .iter()
-            .filter(|(k, e)| k.starts_with(candidates) && e.expires.left_from(now).is_some())
+            .filter(|(k, e)| {
+                k.starts_with(&candidates.prefix)
+                    && e.expires.left_from(now).is_some()
+                    && (candidates.eligible)(&e.value)
+            })
             .min_by(|(ka, a), (kb, b)| b.expires.cmp(&a.expires).then(ka.cmp(kb)))
             .map(|(k, e)| (k.clone(), e.value.clone()));
         let outcome = if let Some((candidate, to)) = freshest {
@@ -157,8 +161,8 @@ impl TtlStore for MemStore {
         Ok(outcome)
     }
 
-    fn hands_over(&self) -> bool {
-        true
+    fn candidacy_ttl(&self, lease: Duration) -> Duration {
+        lease
     }
 
     async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {

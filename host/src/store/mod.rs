@@ -127,6 +127,34 @@ pub struct Record {
     pub lives_at_least: Duration,
 }
 
+/// The hosts a record may be handed to ([`TtlStore::hand_over`]).
+#[derive(Clone)]
+pub struct Candidates {
+    /// The prefix of their candidacy records: each record's value is a host's holder value.
+    pub prefix: String,
+    /// Whether the host of a candidacy value can take a lease over now (its process is not
+    /// stopped, say); the others are passed over.
+    pub eligible: Arc<dyn Fn(&str) -> bool + Send + Sync>,
+}
+
+impl Candidates {
+    /// Every live candidacy record under `prefix`.
+    pub fn any(prefix: &str) -> Self {
+        Self {
+            prefix: prefix.to_owned(),
+            eligible: Arc::new(|_| true),
+        }
+    }
+}
+
+impl std::fmt::Debug for Candidates {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Candidates")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
 /// What [`TtlStore::hand_over`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum HandOver {
@@ -221,28 +249,28 @@ pub trait TtlStore: Send + Sync {
     async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool, StoreError>;
 
     /// Releases the live record under `key` if its value equals `expected`, passing it in
-    /// the same write to a waiting host: the live record under `candidates` written last
-    /// (so a host that stopped renewing its candidacy is passed over for one that did not;
-    /// ties go to the first by key) gives the record its value and a new term, as an insert
-    /// would issue, expiring now + `ttl` (etcd: on the candidate's own lease); that
-    /// candidate's record is deleted. With no live candidate the record is deleted, as by
-    /// [`TtlStore::compare_and_delete`]. Either way [`TtlStore::wait_released`] waiters wake.
+    /// the same write to a waiting host: of the live records under `candidates.prefix` whose
+    /// value is eligible, the one written last (ties: the first by key) gives the record its
+    /// value and a new term, as an insert would issue, expiring now + `ttl` (etcd: on the
+    /// candidate's own lease); that candidate's record is deleted. With no such candidate the
+    /// record is deleted, as by [`TtlStore::compare_and_delete`]. Either way
+    /// [`TtlStore::wait_released`] waiters wake.
     ///
     /// One write instead of a delete and the next holder's insert: the candidate takes the
-    /// lease over by reading it (SPEC §5, takeover targets). A backend that cannot issue a
-    /// new term in the same write deletes the record and says so with
-    /// [`TtlStore::hands_over`].
+    /// lease over by reading it (SPEC §5, takeover targets).
     async fn hand_over(
         &self,
         key: &str,
         expected: &str,
-        candidates: &str,
+        candidates: &Candidates,
         ttl: Duration,
     ) -> Result<HandOver, StoreError>;
 
-    /// True if [`TtlStore::hand_over`] passes a record on in its one write; false for a
-    /// backend that only deletes it there. Hosts stand as candidates only where it helps.
-    fn hands_over(&self) -> bool;
+    /// How long a waiting host's candidacy record lives for a lease `lease` long; the host
+    /// rewrites it at a quarter of that. Short where a standby's writes cost nothing but the
+    /// write, so the record's age tells a host that stopped renewing it; long on a backend
+    /// whose writers can stall each other (redb), so standbys write rarely.
+    fn candidacy_ttl(&self, lease: Duration) -> Duration;
 
     /// The live record under `key`, if any.
     async fn get(&self, key: &str) -> Result<Option<Record>, StoreError>;

@@ -36,9 +36,11 @@ use self::schema::{
     BUSY_TIMEOUT, KV, LEASES, META, RELEASES_KEY, SCHEMA_VERSION, TERMS, begin_write, lease_row,
     live_lease, open_database, open_read_only,
 };
-use super::{Fence, FencedKv, HandOver, Record, StoreError, Term, TtlStore};
+use super::{Candidates, Fence, FencedKv, HandOver, Record, StoreError, Term, TtlStore};
 use crate::clock::{Clock, SystemClock, Timestamp};
 
+/// How many leases a standby's candidacy record lives ([`TtlStore::candidacy_ttl`]).
+const CANDIDACY_LEASES: u32 = 16;
 /// How often [`TtlStore::wait_released`] reads the release counter without a file watch.
 const FALLBACK_POLL: Duration = Duration::from_millis(5);
 /// How often it reads the counter with a file watch, in case the watch missed a write.
@@ -491,11 +493,10 @@ impl TtlStore for RedbStore {
         &self,
         key: &str,
         expected: &str,
-        candidates: &str,
+        candidates: &Candidates,
         ttl: Duration,
     ) -> Result<HandOver, StoreError> {
-        let (key, expected, candidates) =
-            (key.to_owned(), expected.to_owned(), candidates.to_owned());
+        let (key, expected, candidates) = (key.to_owned(), expected.to_owned(), candidates.clone());
         let handed = self
             .write("hand_over", Lane::Lease, move |txn, now| {
                 let mut leases = txn.open_table(LEASES)?;
@@ -504,14 +505,15 @@ impl TtlStore for RedbStore {
                 }
                 // The freshest: the most time left, then the first key.
                 let mut candidate: Option<(String, String, Duration)> = None;
-                for row in leases.range(candidates.as_str()..)? {
+                for row in leases.range(candidates.prefix.as_str()..)? {
                     let (name, _) = row?;
                     let name = name.value();
-                    if !name.starts_with(candidates.as_str()) {
+                    if !name.starts_with(candidates.prefix.as_str()) {
                         break;
                     }
                     if let Some((lease, left)) = live_lease(&leases, name, now)?
                         && candidate.as_ref().is_none_or(|(_, _, best)| left > *best)
+                        && (candidates.eligible)(&lease.value)
                     {
                         candidate = Some((name.to_owned(), lease.value, left));
                     }
@@ -535,8 +537,13 @@ impl TtlStore for RedbStore {
         Ok(outcome)
     }
 
-    fn hands_over(&self) -> bool {
-        true
+    /// [`CANDIDACY_LEASES`] leases: a process stopped in the middle of a write keeps the
+    /// file's write lock and stalls every other writer (the leader's renewals too) until it
+    /// runs again, so standbys write as rarely as they can. Hosts share the machine, so a
+    /// stopped standby is told by its process state (see [`Candidates::eligible`]), not by
+    /// the age of its record.
+    fn candidacy_ttl(&self, lease: Duration) -> Duration {
+        lease.saturating_mul(CANDIDACY_LEASES)
     }
 
     async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {

@@ -566,14 +566,14 @@ impl TtlStore for LateDeletes {
         &self,
         key: &str,
         expected: &str,
-        candidates: &str,
+        candidates: &crate::store::Candidates,
         ttl: Duration,
     ) -> Result<crate::store::HandOver, crate::store::StoreError> {
         self.inner.hand_over(key, expected, candidates, ttl).await
     }
 
-    fn hands_over(&self) -> bool {
-        self.inner.hands_over()
+    fn candidacy_ttl(&self, lease: Duration) -> Duration {
+        self.inner.candidacy_ttl(lease)
     }
 
     async fn get(

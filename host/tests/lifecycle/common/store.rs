@@ -8,7 +8,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::{Instant, sleep};
 use vvm_host::clock::TokioClock;
-use vvm_host::store::{Fence, FencedKv, HandOver, MemStore, Record, StoreError, Term, TtlStore};
+use vvm_host::store::{
+    Candidates, Fence, FencedKv, HandOver, MemStore, Record, StoreError, Term, TtlStore,
+};
 use vvm_host::vvm::CANDIDATE_PREFIX;
 
 use super::journal::{Event, Journal};
@@ -272,7 +274,7 @@ impl TtlStore for FaultyStore {
         &self,
         key: &str,
         expected: &str,
-        candidates: &str,
+        candidates: &Candidates,
         ttl: Duration,
     ) -> Result<HandOver, StoreError> {
         self.run(
@@ -291,8 +293,8 @@ impl TtlStore for FaultyStore {
         .await
     }
 
-    fn hands_over(&self) -> bool {
-        self.inner.hands_over()
+    fn candidacy_ttl(&self, lease: Duration) -> Duration {
+        self.inner.candidacy_ttl(lease)
     }
 
     async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
