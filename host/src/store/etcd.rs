@@ -61,6 +61,12 @@ pub struct EtcdStore {
     /// The etcd lease our last successful write put each record on: a swap must find the
     /// record still on it, not only with the expected value (see `compare_and_swap`).
     written_on: Mutex<HashMap<String, i64>>,
+    /// The etcd leases this handle granted, each with the moment before its grant was asked
+    /// for and the TTL etcd granted (seconds): such a lease surely lives until then + TTL
+    /// (etcd starts counting later, and only ever extends a lease), so [`TtlStore::get`] of a
+    /// record on one needs no lease read. A host taking over a record handed to it onto its
+    /// own candidacy lease saves that request. Entries go when revoked or run out.
+    granted: Mutex<HashMap<i64, (tokio::time::Instant, i64)>>,
 }
 
 /// The cluster did not answer in time.
@@ -105,6 +111,7 @@ impl EtcdStore {
             seen_revision: AtomicI64::new(0),
             warned_ttl: AtomicBool::new(false),
             written_on: Mutex::default(),
+            granted: Mutex::default(),
         };
         // Prove the cluster answers now rather than at the first campaign.
         let probe = GetOptions::new().with_prefix().with_count_only();
@@ -189,6 +196,7 @@ impl EtcdStore {
     /// Grants a fresh etcd lease for `ttl` (rounded up to whole seconds).
     async fn grant(&self, op: &str, key: &str, ttl: Duration) -> Result<i64, StoreError> {
         let seconds = lease_seconds(ttl);
+        let asked = tokio::time::Instant::now();
         let granted = self
             .call(op, key, || {
                 let mut leases = self.leases();
@@ -204,7 +212,19 @@ impl EtcdStore {
                 "etcd raised the lease TTL to its minimum; records live longer than asked"
             );
         }
+        let mut ours = self.granted.lock().unwrap_or_else(PoisonError::into_inner);
+        ours.retain(|_, (at, secs)| at.elapsed() < secs_duration(*secs));
+        ours.insert(granted.id(), (asked, granted.ttl()));
         Ok(granted.id())
+    }
+
+    /// Whole seconds surely left of `lease` if this handle granted it (see
+    /// [`EtcdStore::granted`]), with its granted TTL.
+    fn granted_left(&self, lease: i64) -> Option<(i64, i64)> {
+        let ours = self.granted.lock().unwrap_or_else(PoisonError::into_inner);
+        let (asked, secs) = ours.get(&lease)?;
+        let left = secs_duration(*secs).checked_sub(asked.elapsed())?;
+        Some((i64::try_from(left.as_secs()).ok()?, *secs))
     }
 
     /// Revokes a lease that holds nothing (any more); failures only leave it to run out.
@@ -262,24 +282,29 @@ impl EtcdStore {
         op: &str,
         prefix: &str,
     ) -> Result<Vec<etcd_client::KeyValue>, StoreError> {
-        let from = self.record_key(prefix);
-        let mut response = self
-            .call(op, prefix, || {
-                let (mut kv, from) = (self.kv(), from.clone());
-                async move { kv.get(from, Some(GetOptions::new().with_prefix())).await }
-            })
-            .await?;
-        self.saw(response.header());
-        Ok(response.take_kvs())
+        self.under(op, prefix, self.record_key(prefix), GetOptions::new())
+            .await
     }
 
     /// Every handover term key under the term prefix + `prefix`.
     async fn terms(&self, prefix: &str) -> Result<Vec<etcd_client::KeyValue>, StoreError> {
-        let from = self.term_key(prefix);
+        self.under("list", prefix, self.term_key(prefix), GetOptions::new())
+            .await
+    }
+
+    /// Every key-value whose key starts with `from`, read with `options`.
+    async fn under(
+        &self,
+        op: &str,
+        prefix: &str,
+        from: String,
+        options: GetOptions,
+    ) -> Result<Vec<etcd_client::KeyValue>, StoreError> {
+        let options = options.with_prefix();
         let mut response = self
-            .call("list", prefix, || {
-                let (mut kv, from) = (self.kv(), from.clone());
-                async move { kv.get(from, Some(GetOptions::new().with_prefix())).await }
+            .call(op, prefix, || {
+                let (mut kv, from, options) = (self.kv(), from.clone(), options.clone());
+                async move { kv.get(from, Some(options)).await }
             })
             .await?;
         self.saw(response.header());
@@ -317,6 +342,10 @@ impl EtcdStore {
         if lease == 0 {
             return;
         }
+        self.granted
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&lease);
         let revoke = self
             .call("revoke", "", || {
                 let mut leases = self.leases();
@@ -371,6 +400,9 @@ impl EtcdStore {
             ));
         }
         let term = term_of(&kv, handed.as_ref());
+        if let Some((left, granted)) = self.granted_left(kv.lease()) {
+            return Ok(Some((kv, term, left, granted)));
+        }
         let ttl = self
             .call("get", key, || {
                 let (mut leases, id) = (self.leases(), kv.lease());
@@ -490,9 +522,13 @@ impl TtlStore for EtcdStore {
         _ttl: Duration,
     ) -> Result<HandOver, StoreError> {
         const OP: &str = "hand_over";
-        // The freshest: written last (the largest mod revision).
+        // The freshest: written last (the largest mod revision). A serializable read, answered
+        // by the member at hand without a round to the cluster's leader: a stale answer costs
+        // nothing, since the transaction checks that the candidacy is unchanged.
+        let from = self.record_key(&candidates.prefix);
+        let serializable = GetOptions::new().with_serializable();
         let freshest = self
-            .range(OP, &candidates.prefix)
+            .under(OP, &candidates.prefix, from, serializable)
             .await?
             .into_iter()
             .filter(|kv| kv.lease() != 0 && kv.value_str().is_ok_and(|v| (candidates.eligible)(v)))
@@ -772,6 +808,11 @@ impl FencedKv for EtcdStore {
         Ok(response.succeeded()
             || matches!(response.op_responses().first(), Some(TxnOpResponse::Txn(t)) if t.succeeded()))
     }
+}
+
+/// `secs` etcd lease seconds as a duration (none if negative).
+fn secs_duration(secs: i64) -> Duration {
+    Duration::from_secs(u64::try_from(secs).unwrap_or(0))
 }
 
 /// etcd lease seconds for `ttl`: rounded up, at least one.
