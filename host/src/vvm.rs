@@ -534,8 +534,10 @@ impl Launcher {
             "campaigning"
         );
         let mut dead = DeadHolders::new(self.vvm.holder_locks.clone());
-        // Slots held by another host at the last look, where a handover may reach us.
+        // Slots held by another host at the last look, where a handover may reach us, and
+        // whether a release woke us since.
         let mut held_by_others = std::collections::HashSet::new();
+        let mut woken_by_release = false;
         'round: loop {
             let mut wait = give_up_at.saturating_duration_since(Instant::now());
             // Listen for releases *before* looking at the slots: a release between our look
@@ -554,9 +556,9 @@ impl Launcher {
                     return Ok(None);
                 }
                 let key = slot_key(slot);
-                // Held by another at our last look: its holder may have handed it to us since,
-                // which a read tells without the write an insert attempt is.
-                if handed_to_us.contains(&slot) {
+                // Held by another at our last look and released since: its holder may have
+                // handed it to us, which a read tells without the write an insert attempt is.
+                if (woken_by_release || released_already) && handed_to_us.contains(&slot) {
                     match self.take_over_if_ours(&key).await {
                         Ok(Some(leadership)) => return Ok(Some((slot, leadership))),
                         Ok(None) => {}
@@ -634,9 +636,10 @@ impl Launcher {
             crate::ops::Ops::global()
                 .health()
                 .step_due_in(wait, config.lease);
+            woken_by_release = false;
             tokio::select! {
                 () = self.shutdown.cancelled() => return Ok(None),
-                () = &mut released, if !released_already => {}
+                () = &mut released, if !released_already => woken_by_release = true,
                 () = tokio::time::sleep(wait) => {}
                 // Its process is gone: look again at once (it deleted its record itself if it shut
                 // down in order, and the insert just wins; else the round below deletes it).

@@ -39,8 +39,9 @@ use self::schema::{
 use super::{Candidates, Fence, FencedKv, HandOver, Record, StoreError, Term, TtlStore};
 use crate::clock::{Clock, SystemClock, Timestamp};
 
-/// How many leases a standby's candidacy record lives ([`TtlStore::candidacy_ttl`]).
-const CANDIDACY_LEASES: u32 = 16;
+/// How long a standby's candidacy record lives at least ([`TtlStore::candidacy_ttl`]): it
+/// is rewritten at a quarter of that.
+const CANDIDACY_TTL: Duration = Duration::from_hours(1);
 /// How often [`TtlStore::wait_released`] reads the release counter without a file watch.
 const FALLBACK_POLL: Duration = Duration::from_millis(5);
 /// How often it reads the counter with a file watch, in case the watch missed a write.
@@ -537,13 +538,13 @@ impl TtlStore for RedbStore {
         Ok(outcome)
     }
 
-    /// [`CANDIDACY_LEASES`] leases: a process stopped in the middle of a write keeps the
-    /// file's write lock and stalls every other writer (the leader's renewals too) until it
-    /// runs again, so standbys write as rarely as they can. Hosts share the machine, so a
-    /// stopped standby is told by its process state (see [`Candidates::eligible`]), not by
-    /// the age of its record.
+    /// [`CANDIDACY_TTL`], or 4 leases if longer: a process stopped in the middle of a write
+    /// keeps the file's write lock and stalls every other writer (the leader's renewals too)
+    /// until it runs again, so a standby writes its candidacy once per campaign, in effect.
+    /// Hosts share the machine, so a stopped or dead standby is told by its process state
+    /// (see [`Candidates::eligible`]), not by the age of its record.
     fn candidacy_ttl(&self, lease: Duration) -> Duration {
-        lease.saturating_mul(CANDIDACY_LEASES)
+        CANDIDACY_TTL.max(lease.saturating_mul(4))
     }
 
     async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
