@@ -449,13 +449,9 @@ impl Elections {
         // A renewal stopped mid-write may still land: every value we may have written is tried.
         let candidates = self.lock().candidates.clone();
         for value in &held.values {
-            let released = match &candidates {
-                Some(candidates) => {
-                    self.hand_over_bounded(key, value, candidates, held.lease)
-                        .await
-                }
-                None => self.delete_bounded(key, value, held.lease).await,
-            };
+            let released = self
+                .release_bounded(key, value, candidates.as_ref(), held.lease)
+                .await;
             if released {
                 break;
             }
@@ -492,41 +488,35 @@ impl Elections {
     /// Deletes our record under `key` if it has `value`, waiting at most `L/4`: past that it
     /// expires anyway. Returns false only when the record did not have `value`.
     async fn delete_bounded(&self, key: &str, value: &str, lease: Duration) -> bool {
-        let delete = self.store.compare_and_delete(key, value);
-        match tokio::time::timeout(lease / RELEASE_DIVISOR, delete).await {
-            Ok(Ok(deleted)) => {
-                tracing::info!(key, deleted, "released");
-                deleted
-            }
-            Ok(Err(e)) => {
-                tracing::warn!(key, error = %e, "release failed; the record will expire");
-                true
-            }
-            Err(_) => {
-                tracing::warn!(key, "release timed out; the record will expire");
-                true
-            }
-        }
+        self.release_bounded(key, value, None, lease).await
     }
 
-    /// Releases our record under `key` if it has `value`, handing it to a host standing
-    /// under `candidates` if one is live; waits at most `L/4` like [`Self::delete_bounded`].
-    async fn hand_over_bounded(
+    /// Releases our record under `key` if it has `value`: hands it to one of `candidates`
+    /// if any is live, else deletes it. Waits at most `L/4`: past that the record expires
+    /// anyway. Returns false only when the record did not have `value`.
+    async fn release_bounded(
         &self,
         key: &str,
         value: &str,
-        candidates: &Candidates,
+        candidates: Option<&Candidates>,
         lease: Duration,
     ) -> bool {
-        let hand_over = self.store.hand_over(key, value, candidates, lease);
-        match tokio::time::timeout(lease / RELEASE_DIVISOR, hand_over).await {
+        let release = async {
+            match candidates {
+                Some(candidates) => self.store.hand_over(key, value, candidates, lease).await,
+                None => Ok(HandOver::deleted_if(
+                    self.store.compare_and_delete(key, value).await?,
+                )),
+            }
+        };
+        match tokio::time::timeout(lease / RELEASE_DIVISOR, release).await {
             Ok(Ok(HandOver::To { to, term })) => {
                 let to = lease_value::holder(&to);
                 tracing::info!(key, deleted = true, to, term, "released");
                 true
             }
-            Ok(Ok(handed)) => {
-                let deleted = handed == HandOver::Deleted;
+            Ok(Ok(released)) => {
+                let deleted = released == HandOver::Deleted;
                 tracing::info!(key, deleted, "released");
                 deleted
             }

@@ -411,19 +411,6 @@ impl EtcdStore {
             .await?;
         Ok(Some((kv, term, ttl.ttl(), ttl.granted_ttl())))
     }
-
-    /// Releases `key` if it holds `expected`, as [`TtlStore::compare_and_delete`] reports it.
-    async fn delete_for_hand_over(
-        &self,
-        key: &str,
-        expected: &str,
-    ) -> Result<HandOver, StoreError> {
-        Ok(if self.compare_and_delete(key, expected).await? {
-            HandOver::Deleted
-        } else {
-            HandOver::NotHeld
-        })
-    }
 }
 
 #[async_trait]
@@ -534,7 +521,9 @@ impl TtlStore for EtcdStore {
             .filter(|kv| kv.lease() != 0 && kv.value_str().is_ok_and(|v| (candidates.eligible)(v)))
             .max_by_key(etcd_client::KeyValue::mod_revision);
         let Some(candidate) = freshest else {
-            return self.delete_for_hand_over(key, expected).await;
+            return Ok(HandOver::deleted_if(
+                self.compare_and_delete(key, expected).await?,
+            ));
         };
         let to = candidate.value_str().unwrap_or_default().to_owned();
         let record = self.record_key(key);
@@ -553,7 +542,9 @@ impl TtlStore for EtcdStore {
             ]);
         let response = self.txn(OP, key, txn).await?;
         if !response.succeeded() {
-            return self.delete_for_hand_over(key, expected).await;
+            return Ok(HandOver::deleted_if(
+                self.compare_and_delete(key, expected).await?,
+            ));
         }
         // The transaction's own revision: the term key's mod revision.
         let term = response

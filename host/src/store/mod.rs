@@ -147,6 +147,17 @@ impl Candidates {
     }
 }
 
+impl HandOver {
+    /// What a compare-and-delete that did (`true`) or did not delete amounts to.
+    pub fn deleted_if(deleted: bool) -> Self {
+        if deleted {
+            Self::Deleted
+        } else {
+            Self::NotHeld
+        }
+    }
+}
+
 impl std::fmt::Debug for Candidates {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Candidates")

@@ -281,13 +281,7 @@ impl TtlStore for FaultyStore {
             Op::Delete,
             key,
             self.inner.hand_over(key, expected, candidates, ttl),
-            |a| {
-                if a {
-                    HandOver::Deleted
-                } else {
-                    HandOver::NotHeld
-                }
-            },
+            HandOver::deleted_if,
             |h| *h != HandOver::NotHeld,
         )
         .await
