@@ -218,14 +218,6 @@ impl EtcdStore {
         Ok(granted.id())
     }
 
-    /// `lease` vouches for no record's life any more (see [`EtcdStore::granted`]).
-    fn forget_granted(&self, lease: i64) {
-        self.granted
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&lease);
-    }
-
     /// Whole seconds surely left of `lease` if this handle granted it (see
     /// [`EtcdStore::granted`]), with its granted TTL.
     fn granted_left(&self, lease: i64) -> Option<(i64, i64)> {
@@ -325,13 +317,11 @@ impl EtcdStore {
         full.strip_prefix(&self.record_key("")).map(str::to_owned)
     }
 
-    /// Revokes `lease` if no record is attached to it any more. Called once a record of ours
-    /// left it: from then on it vouches for no record's life ([`EtcdStore::granted`]).
+    /// Revokes `lease` if no record is attached to it any more.
     async fn revoke_if_empty(&self, lease: i64) {
         if lease == 0 {
             return;
         }
-        self.forget_granted(lease);
         let attached = self
             .call("revoke", "", || {
                 let mut leases = self.leases();
@@ -352,7 +342,10 @@ impl EtcdStore {
         if lease == 0 {
             return;
         }
-        self.forget_granted(lease);
+        self.granted
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&lease);
         let revoke = self
             .call("revoke", "", || {
                 let mut leases = self.leases();
@@ -379,56 +372,16 @@ impl EtcdStore {
     }
 
     /// One read of the record: its key-value, term and lease time left, `None` if it is gone.
-    ///
-    /// First from the member at hand (a serializable read, no round to the cluster's leader):
-    /// a record on a lease this handle granted, and that is still in [`EtcdStore::granted`],
-    /// changes only by our own writes, or expires no earlier than that bound, so even a stale
-    /// answer about it holds. A standby taking over a record handed onto its candidacy lease
-    /// reads it so. Anything else is read again through the leader.
     async fn read(
         &self,
         key: &str,
     ) -> Result<Option<(etcd_client::KeyValue, i64, i64, i64)>, StoreError> {
-        if let Some((kv, term)) = self.read_record(key, true).await?
-            && let Some((left, granted)) = self.granted_left(kv.lease())
-        {
-            return Ok(Some((kv, term, left, granted)));
-        }
-        let Some((kv, term)) = self.read_record(key, false).await? else {
-            return Ok(None);
-        };
-        if let Some((left, granted)) = self.granted_left(kv.lease()) {
-            return Ok(Some((kv, term, left, granted)));
-        }
-        let ttl = self
-            .call("get", key, || {
-                let (mut leases, id) = (self.leases(), kv.lease());
-                async move { leases.time_to_live(id, None).await }
-            })
-            .await?;
-        Ok(Some((kv, term, ttl.ttl(), ttl.granted_ttl())))
-    }
-
-    /// The record and its term, read with its handover term key in one read-only transaction
-    /// (no raft write); `serializable`: from the member at hand.
-    async fn read_record(
-        &self,
-        key: &str,
-        serializable: bool,
-    ) -> Result<Option<(etcd_client::KeyValue, i64)>, StoreError> {
+        // The record and its handover term in one read-only transaction (no raft write).
         let (record, terms) = (self.record_key(key), self.term_key(key));
-        let options = if serializable {
-            GetOptions::new().with_serializable()
-        } else {
-            GetOptions::new()
-        };
         let response = self
             .call("get", key, || {
                 let (mut kv, record, terms) = (self.kv(), record.clone(), terms.clone());
-                let txn = Txn::new().and_then([
-                    TxnOp::get(record, Some(options.clone())),
-                    TxnOp::get(terms, Some(options.clone())),
-                ]);
+                let txn = Txn::new().and_then([TxnOp::get(record, None), TxnOp::get(terms, None)]);
                 async move { kv.txn(txn).await }
             })
             .await?;
@@ -447,7 +400,16 @@ impl EtcdStore {
             ));
         }
         let term = term_of(&kv, handed.as_ref());
-        Ok(Some((kv, term)))
+        if let Some((left, granted)) = self.granted_left(kv.lease()) {
+            return Ok(Some((kv, term, left, granted)));
+        }
+        let ttl = self
+            .call("get", key, || {
+                let (mut leases, id) = (self.leases(), kv.lease());
+                async move { leases.time_to_live(id, None).await }
+            })
+            .await?;
+        Ok(Some((kv, term, ttl.ttl(), ttl.granted_ttl())))
     }
 }
 
