@@ -423,11 +423,7 @@ impl Launcher {
             let to = candidates();
             let hand_on = store.hand_over(&key, &record.value, &to, config.lease);
             match within_quarter_lease(config.lease, "hand_over", &key, hand_on).await {
-                Ok(handed) => tracing::info!(
-                    key,
-                    ?handed,
-                    "handed on a slot given to us while we lead another"
-                ),
+                Ok(handed) => tracing::info!(key, ?handed, "handed on a slot given to us"),
                 Err(e) => {
                     tracing::warn!(key, error = %e, "could not hand on a slot given to us");
                 }
@@ -438,7 +434,8 @@ impl Launcher {
     /// The shutdown sequence (SPEC §5), in this order and nowhere else:
     /// 1. stop the services (grace period, then drop every instance still there);
     /// 2. stop the leadership monitor and wait for it;
-    /// 3. elections cleanup: the lease is deleted, so a standby can take over at once;
+    /// 3. elections cleanup: the lease is handed to a waiting host, or deleted, so a standby
+    ///    can take over at once;
     /// 4. disarm the killer, signal *shut down*.
     async fn shutdown_sequence(&self, leading: Option<Leading>) {
         self.state.send_replace(VvmState::ShuttingDown);
