@@ -19,7 +19,7 @@ const LEASE_ARG: &str = "2s";
 /// How far a log timestamp may trail the event it records (the line is formatted after it).
 const LOG_SLACK: Duration = Duration::from_millis(50);
 
-fn store_url(etcd: &EtcdServer) -> String {
+pub(crate) fn store_url(etcd: &EtcdServer) -> String {
     format!("etcd://{}", etcd.endpoint())
 }
 

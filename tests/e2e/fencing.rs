@@ -32,6 +32,11 @@ pub(crate) fn journal_dir() -> tempfile::TempDir {
 }
 
 fn serve(name: &'static str, dir: &Path, lease: &str) -> Host {
+    serve_on(name, dir, lease, "vvm.redb")
+}
+
+/// Like [`serve`], on the given `--store`.
+fn serve_on(name: &'static str, dir: &Path, lease: &str, store: &str) -> Host {
     let cache = format!("cache-{name}");
     Host::start(
         BIN,
@@ -39,6 +44,8 @@ fn serve(name: &'static str, dir: &Path, lease: &str) -> Host {
         dir,
         &[
             "serve",
+            "--store",
+            store,
             "--lease",
             lease,
             "--cache-dir",
@@ -142,11 +149,13 @@ impl Rng {
     }
 }
 
-/// The fault soak: 3 hosts on one redb store with L = 1 s, and random SIGKILL, SIGSTOP
-/// (0.3–3 L, then SIGCONT) and SIGTERM of the leader and of standbys; a host that ends is
-/// started again. Afterwards no term goes down in the journal file or in the guests' logs.
-/// `VVM_SOAK_FAULTS` sets the number of faults (CI runs a few; `soak` below runs 300).
-fn soak(faults: usize) {
+/// The fault soak: 3 hosts on one store (`store`: a redb file or an etcd URL) with L = 1 s,
+/// and random SIGKILL, SIGSTOP (0.3–3 L, then SIGCONT) and SIGTERM of the leader and of
+/// standbys; a host that ends is started again. Afterwards no term goes down in the journal
+/// file or in the guests' logs. A graceful stop hands the slot to a standby (a new term in the
+/// release's own write), so both ways a term is issued are exercised.
+/// `VVM_SOAK_FAULTS` sets the number of faults (CI runs a few; `soak_full` runs 300).
+fn soak(faults: usize, store: &str) {
     const LEASE: Duration = Duration::from_secs(1);
     const NAMES: [&str; 3] = ["h0", "h1", "h2"];
     let seed = std::env::var("VVM_SOAK_SEED")
@@ -162,7 +171,10 @@ fn soak(faults: usize) {
     println!("soak: seed {seed}, {faults} faults");
     let mut rng = Rng(seed);
     let dir = journal_dir();
-    let mut hosts: Vec<Host> = NAMES.iter().map(|n| serve(n, dir.path(), "1s")).collect();
+    let mut hosts: Vec<Host> = NAMES
+        .iter()
+        .map(|n| serve_on(n, dir.path(), "1s", store))
+        .collect();
     let mut ended: Vec<Host> = Vec::new();
     let started = Instant::now();
     while hosts.iter().all(|h| logged(h).is_empty()) {
@@ -204,7 +216,7 @@ fn soak(faults: usize) {
         // Replace every host that has ended (killed, terminated, or ended by its killer).
         for i in 0..hosts.len() {
             if hosts[i].wait_exit_or(Duration::ZERO).is_some() {
-                let fresh = serve(NAMES[i], dir.path(), "1s");
+                let fresh = serve_on(NAMES[i], dir.path(), "1s", store);
                 ended.push(std::mem::replace(&mut hosts[i], fresh));
             }
         }
@@ -233,20 +245,45 @@ fn soak(faults: usize) {
     );
 }
 
+/// How many faults the short soaks run: `VVM_SOAK_FAULTS`, else 12.
+fn short_soak_faults() -> usize {
+    std::env::var("VVM_SOAK_FAULTS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(12)
+}
+
 #[test]
 fn soak_short() {
     let _heavy = crate::one_heavy_test_at_a_time();
-    let faults = std::env::var("VVM_SOAK_FAULTS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(12);
-    soak(faults);
+    soak(short_soak_faults(), "vvm.redb");
+}
+
+/// The soak on etcd, where a handover moves the record onto the standby's own etcd lease and
+/// records its term beside it.
+#[test]
+fn soak_short_on_etcd() {
+    let Some(etcd) = testkit::etcd::EtcdServer::start() else {
+        return;
+    };
+    let _heavy = crate::one_heavy_test_at_a_time();
+    soak(short_soak_faults(), &crate::etcd::store_url(&etcd));
 }
 
 /// The full soak, on demand: `cargo test -p vvm-host --test e2e soak_full -- --ignored
-/// --nocapture` (about 15 minutes).
+/// --nocapture` (about 5 minutes each).
 #[test]
-#[ignore = "runs about 15 minutes; CI runs soak_short"]
+#[ignore = "runs about 5 minutes; CI runs soak_short"]
 fn soak_full() {
-    soak(300);
+    soak(300, "vvm.redb");
+}
+
+/// The full soak on etcd, on demand (see [`soak_full`]).
+#[test]
+#[ignore = "runs about 5 minutes; CI runs soak_short_on_etcd"]
+fn soak_full_on_etcd() {
+    let Some(etcd) = testkit::etcd::EtcdServer::start() else {
+        return;
+    };
+    soak(300, &crate::etcd::store_url(&etcd));
 }
