@@ -44,8 +44,10 @@ use crate::clock::{Clock, SystemClock, Timestamp};
 const CANDIDACY_TTL: Duration = Duration::from_hours(1);
 /// How often [`TtlStore::wait_released`] reads the release counter without a file watch.
 const FALLBACK_POLL: Duration = Duration::from_millis(5);
-/// How often it reads the counter with a file watch, in case the watch missed a write.
-const SAFETY_POLL: Duration = Duration::from_millis(500);
+/// How often it reads the counter with a watch on the bell, in case a ring was missed (a
+/// releaser that died between its commit and its ring): rarely, since each read takes the
+/// file's header lock, and a crashed holder is found by the crash lock or its expiry anyway.
+const SAFETY_POLL: Duration = Duration::from_secs(2);
 
 /// The store contract over one redb file, shared by every process that opens it.
 ///
@@ -74,7 +76,10 @@ struct Inner {
     busy_timeout: Duration,
     /// Wakes this process's waiters at once when it releases a record itself.
     released: Notify,
-    /// Wakes waiters when another process writes the file; `None` if inotify is unavailable.
+    /// The release bell ([`bell_path`]): rung by every release of this handle; `None` for a
+    /// read-only handle.
+    bell: Option<PathBuf>,
+    /// Wakes waiters when another process rings the bell; `None` if inotify is unavailable.
     watch: Option<FileWatch>,
     /// The release counter as this handle last read it (at open, then by every waiter). A
     /// waiter compares against it rather than reading the counter before it waits: see
@@ -175,16 +180,21 @@ impl RedbStore {
             .unwrap_or_else(|e| Err(Fault::Aborted(e.to_string())))
             .map_err(|f| f.into_store_error(&path, "open"))?;
         // Only campaigning hosts wait for releases.
-        let watch = if read_only {
-            None
-        } else {
-            FileWatch::start(&path)
+        let bell = (!read_only).then(|| bell_path(&path));
+        let watch = bell.as_deref().and_then(|bell| {
+            let watched = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(bell)
+                .and_then(|_| FileWatch::start(bell));
+            watched
                 .inspect_err(|e| {
-                    tracing::warn!(path = %path.display(), error = %e,
-                        "no inotify watch on the redb store; waiters poll for releases");
+                    tracing::warn!(path = %bell.display(), error = %e,
+                        "no inotify watch on the redb store's release bell; waiters poll for releases");
                 })
                 .ok()
-        };
+        });
         tracing::info!(path = %path.display(), schema = SCHEMA_VERSION, read_only, "redb store opened");
         Ok(Self {
             inner: Arc::new(Inner {
@@ -196,6 +206,7 @@ impl RedbStore {
                 writes_in_flight: tokio::sync::watch::Sender::new(0),
                 busy_timeout,
                 released: Notify::new(),
+                bell,
                 watch,
                 releases_seen: AtomicU64::new(releases),
                 reopening: Mutex::new(None),
@@ -241,12 +252,12 @@ impl RedbStore {
     }
 
     /// Runs `f` in a durable write transaction on the blocking pool. `f` returns its result
-    /// and whether it changed anything: only then is the transaction committed.
+    /// and what to do with the transaction ([`Outcome`]).
     async fn write<T: Send + 'static>(
         &self,
         op: &'static str,
         lane: Lane,
-        f: impl FnOnce(&WriteTransaction, Timestamp) -> Result<(T, bool), Fault> + Send + 'static,
+        f: impl FnOnce(&WriteTransaction, Timestamp) -> Result<(T, Outcome), Fault> + Send + 'static,
     ) -> Result<T, StoreError> {
         let inner = Arc::clone(&self.inner);
         inner.writes_in_flight.send_modify(|n| *n += 1);
@@ -261,11 +272,16 @@ impl RedbStore {
             txn.set_durability(Durability::Immediate)?;
             // Read after the write lock is held, so commits and their clock readings are in
             // the same order in every process.
-            let (value, changed) = f(&txn, inner.clock.now())?;
-            if changed {
-                txn.commit()?;
-            } else {
-                txn.abort()?;
+            let (value, outcome) = f(&txn, inner.clock.now())?;
+            match outcome {
+                Outcome::Abort => txn.abort()?,
+                Outcome::Commit => txn.commit()?,
+                Outcome::Release(releases) => {
+                    txn.commit()?;
+                    // Right after the commit, on this thread: the waiters of other processes
+                    // hear of it even if our caller has stopped waiting for the answer.
+                    inner.ring(releases);
+                }
             }
             Ok(value)
         })
@@ -359,6 +375,15 @@ fn count_release(txn: &WriteTransaction) -> Result<u64, Fault> {
     Ok(releases)
 }
 
+/// The release bell of the store at `path`: a file beside it (`<store>.releases`) that a
+/// process writes the new release count to after each of its releases, for the waiters of
+/// [`TtlStore::wait_released`] to watch.
+fn bell_path(path: &Path) -> PathBuf {
+    let mut bell = path.as_os_str().to_owned();
+    bell.push(".releases");
+    PathBuf::from(bell)
+}
+
 /// The release counter in `txn`'s snapshot; see [`RELEASES_KEY`].
 fn read_releases(txn: &redb::ReadTransaction) -> Result<u64, Fault> {
     Ok(txn
@@ -395,7 +420,27 @@ enum Lane {
     Guest,
 }
 
+/// What a write transaction's body asks for.
+enum Outcome {
+    /// It changed nothing: abort.
+    Abort,
+    /// Commit.
+    Commit,
+    /// Commit, then ring the release bell with this release count.
+    Release(u64),
+}
+
 impl Inner {
+    /// Rings the release bell ([`bell_path`]) with the file's new release count.
+    fn ring(&self, releases: u64) {
+        if let Some(bell) = &self.bell
+            && let Err(e) = std::fs::write(bell, releases.to_string())
+        {
+            tracing::debug!(path = %bell.display(), error = %e,
+                "could not ring the release bell; waiters see the release at their next poll");
+        }
+    }
+
     /// Takes this process's turn to write: a lease write at once, a guest key-value write
     /// only once no lease write is waiting.
     fn queue_for_writing(&self, lane: Lane) -> std::sync::MutexGuard<'_, ()> {
@@ -437,11 +482,11 @@ impl TtlStore for RedbStore {
         self.write("insert_if_absent", Lane::Lease, move |txn, now| {
             let mut leases = txn.open_table(LEASES)?;
             if live_lease(&leases, &key, now)?.is_some() {
-                return Ok((None, false));
+                return Ok((None, Outcome::Abort));
             }
             let term = issue_term(txn, &key)?;
             leases.insert(key.as_str(), lease_row(&value, term, now, ttl))?;
-            Ok((Some(term), true))
+            Ok((Some(term), Outcome::Commit))
         })
         .await
     }
@@ -459,9 +504,9 @@ impl TtlStore for RedbStore {
             match live_lease(&leases, &key, now)? {
                 Some((lease, _)) if lease.value == expected => {
                     leases.insert(key.as_str(), lease_row(&new, lease.term, now, ttl))?;
-                    Ok((true, true))
+                    Ok((true, Outcome::Commit))
                 }
-                _ => Ok((false, false)),
+                _ => Ok((false, Outcome::Abort)),
             }
         })
         .await
@@ -475,9 +520,10 @@ impl TtlStore for RedbStore {
                 match live_lease(&leases, &key, now)? {
                     Some((lease, _)) if lease.value == expected => {
                         leases.remove(key.as_str())?;
-                        Ok((Some(count_release(txn)?), true))
+                        let releases = count_release(txn)?;
+                        Ok((Some(releases), Outcome::Release(releases)))
                     }
-                    _ => Ok((None, false)),
+                    _ => Ok((None, Outcome::Abort)),
                 }
             })
             .await?;
@@ -502,7 +548,7 @@ impl TtlStore for RedbStore {
             .write("hand_over", Lane::Lease, move |txn, now| {
                 let mut leases = txn.open_table(LEASES)?;
                 if live_lease(&leases, &key, now)?.is_none_or(|(l, _)| l.value != expected) {
-                    return Ok((None, false));
+                    return Ok((None, Outcome::Abort));
                 }
                 // The freshest: the most time left, then the first key.
                 let mut candidate: Option<(String, String, Duration)> = None;
@@ -528,7 +574,8 @@ impl TtlStore for RedbStore {
                     leases.remove(key.as_str())?;
                     HandOver::Deleted
                 };
-                Ok((Some((outcome, count_release(txn)?)), true))
+                let releases = count_release(txn)?;
+                Ok((Some((outcome, releases)), Outcome::Release(releases)))
             })
             .await?;
         let Some((outcome, releases)) = handed else {
@@ -621,8 +668,12 @@ impl TtlStore for RedbStore {
             }
             ours.sort();
             ours.dedup();
-            let changed = !ours.is_empty();
-            Ok((ours, changed))
+            let outcome = if ours.is_empty() {
+                Outcome::Abort
+            } else {
+                Outcome::Commit
+            };
+            Ok((ours, outcome))
         })
         .await
     }
@@ -630,14 +681,17 @@ impl TtlStore for RedbStore {
     /// Returns on a release by this process (in-process [`Notify`]), on a release by another
     /// process, or after `max`.
     ///
-    /// Across processes: a thread per store watches the file with inotify ([`FileWatch`]),
-    /// and on each write to it the waiter reads the release counter that `compare_and_delete`
-    /// bumps in the same transaction. inotify wakes a standby within a millisecond or so of
-    /// the releasing commit, with no polling while nothing happens; the counter filters out
-    /// the other writes (renewals, guest kv writes), which cost a waiter one read each rather
-    /// than a spurious return. Without inotify (watch limit reached, a filesystem that does
-    /// not report writes), or should the watch miss an event, the counter is also polled,
-    /// every [`FALLBACK_POLL`] or [`SAFETY_POLL`].
+    /// Across processes: every release (`compare_and_delete`, `hand_over`) bumps a counter
+    /// in its transaction, then rings the store's release bell ([`bell_path`]); a thread per
+    /// store watches the bell with inotify ([`FileWatch`]), and on each ring the waiter reads
+    /// the counter. inotify wakes a standby within a millisecond or so of the releasing
+    /// commit, with no polling while nothing happens. The bell, not the store file, is
+    /// watched: a waiter reading the file at each of the leader's renewals would take the
+    /// file's header lock several times a second, and a waiter stopped (SIGSTOP) while it
+    /// holds it stalls the leader's next commit. Without inotify (watch limit reached, a
+    /// filesystem that does not report writes), or should a ring be missed (a process that
+    /// died between its commit and its ring), the counter is also polled, every
+    /// [`FALLBACK_POLL`] or [`SAFETY_POLL`].
     async fn settle(&self, max: Duration) {
         let mut in_flight = self.inner.writes_in_flight.subscribe();
         let _ = tokio::time::timeout(max, in_flight.wait_for(|n| *n == 0)).await;
@@ -713,11 +767,11 @@ impl FencedKv for RedbStore {
         self.write("kv_set", Lane::Guest, move |txn, now| {
             let leases = txn.open_table(LEASES)?;
             if live_lease(&leases, &lease_key, now)?.is_none_or(|(lease, _)| lease.term != term) {
-                return Ok((false, false));
+                return Ok((false, Outcome::Abort));
             }
             txn.open_table(KV)?
                 .insert((space.as_str(), key.as_str()), value.as_slice())?;
-            Ok((true, true))
+            Ok((true, Outcome::Commit))
         })
         .await
     }

@@ -1,5 +1,5 @@
-//! Tells waiters when any process writes the store file (inotify), so a standby sees a release
-//! within a millisecond or so instead of at its next poll.
+//! Tells waiters when any process writes the store's release bell (inotify), so a standby sees
+//! a release within a millisecond or so instead of at its next poll.
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};

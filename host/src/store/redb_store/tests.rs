@@ -230,10 +230,10 @@ async fn two_handles_share_records_and_a_release_wakes_the_other_handle() {
 /// The waiter's baseline is the release count this handle saw last, not a read at the start of
 /// the wait: a release by another process that landed after that count was read (here: before
 /// the wait began) is never taken as the baseline, so it cannot be missed; the wait ends at
-/// the next write to the file. Reading the count when the wait starts would have taken the
-/// release in and waited on through the unrelated write.
+/// the next ring of the release bell, whatever rang it. Reading the count when the wait starts
+/// would have taken the release in and waited on through the ring.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_after_the_last_look_ends_the_wait_at_the_next_write() {
+async fn a_release_after_the_last_look_ends_the_wait_at_the_next_ring() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.redb");
     let clock: Arc<dyn Clock> = Arc::new(ManualClock::default());
@@ -244,13 +244,13 @@ async fn a_release_after_the_last_look_ends_the_wait_at_the_next_write() {
     a.insert_if_absent("1", "a", TTL).await.unwrap().unwrap();
     assert!(a.compare_and_delete("1", "a").await.unwrap());
     let waiter = tokio::spawn(async move { b.wait_released(Duration::from_mins(1)).await });
-    // Whether the release's own file events reach the waiter before or after its wait
-    // begins is up to the scheduler: either ends the wait. A later write surely does.
+    // Whether the release's own ring reaches the waiter before or after its wait begins is
+    // up to the scheduler: either ends the wait. A later ring surely does.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    a.insert_if_absent("2", "a", TTL).await.unwrap().unwrap();
+    std::fs::write(dir.path().join("store.redb.releases"), "rung by hand").unwrap();
     tokio::time::timeout(Duration::from_secs(10), waiter)
         .await
-        .expect("the write after the release ended the wait")
+        .expect("the ring after the release ended the wait")
         .unwrap();
 }
 
