@@ -129,10 +129,14 @@ fn a_graceful_leader_hands_its_slot_over_passing_a_stopped_standby_by() {
     let dir = cluster_dir();
     let mut a = serve("a", dir.path(), "2s");
     a.wait_for(&["tick 1:"]);
-    let b = serve("b", dir.path(), "2s");
-    b.wait_for(&["campaigning"]);
+    // C stands first, B last: B's candidacy is the freshest, so only its stopped process
+    // tells A to pass it over.
     let mut c = serve("c", dir.path(), "2s");
     c.wait_for(&["campaigning"]);
+    std::thread::sleep(Duration::from_millis(50));
+    let b = serve("b", dir.path(), "2s");
+    b.wait_for(&["campaigning"]);
+    std::thread::sleep(Duration::from_millis(50));
     b.signal(Signal::STOP);
     // Let the stop land (A reads B's state from /proc as it releases).
     std::thread::sleep(Duration::from_millis(200));
