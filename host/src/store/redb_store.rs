@@ -34,7 +34,7 @@ use self::fault::Fault;
 use self::file_watch::FileWatch;
 use self::schema::{
     BUSY_TIMEOUT, KV, LEASES, META, RELEASES_KEY, SCHEMA_VERSION, TERMS, begin_write, lease_row,
-    live_lease, open_database, open_read_only,
+    live_lease, live_leases_under, open_database, open_read_only,
 };
 use super::{Candidates, Fence, FencedKv, HandOver, Record, StoreError, Term, TtlStore};
 use crate::clock::{Clock, SystemClock, Timestamp};
@@ -552,17 +552,11 @@ impl TtlStore for RedbStore {
                 }
                 // The freshest: the most time left, then the first key.
                 let mut candidate: Option<(String, String, Duration)> = None;
-                for row in leases.range(candidates.prefix.as_str()..)? {
-                    let (name, _) = row?;
-                    let name = name.value();
-                    if !name.starts_with(candidates.prefix.as_str()) {
-                        break;
-                    }
-                    if let Some((lease, left)) = live_lease(&leases, name, now)?
-                        && candidate.as_ref().is_none_or(|(_, _, best)| left > *best)
+                for (name, lease, left) in live_leases_under(&leases, &candidates.prefix, now)? {
+                    if candidate.as_ref().is_none_or(|(_, _, best)| left > *best)
                         && (candidates.eligible)(&lease.value)
                     {
-                        candidate = Some((name.to_owned(), lease.value, left));
+                        candidate = Some((name, lease.value, left));
                     }
                 }
                 let outcome = if let Some((name, to, _)) = candidate {
@@ -614,23 +608,18 @@ impl TtlStore for RedbStore {
         let prefix = prefix.to_owned();
         self.read("list", move |txn, now| {
             let leases = txn.open_table(LEASES)?;
-            let mut listed = Vec::new();
-            for row in leases.range(prefix.as_str()..)? {
-                let (key, _) = row?;
-                let key = key.value();
-                if !key.starts_with(prefix.as_str()) {
-                    break;
-                }
-                if let Some((lease, time_left)) = live_lease(&leases, key, now)? {
+            let listed = live_leases_under(&leases, &prefix, now)?
+                .into_iter()
+                .map(|(key, lease, time_left)| {
                     let record = Record {
                         value: lease.value,
                         term: lease.term,
                         time_left,
                         lives_at_least: time_left,
                     };
-                    listed.push((key.to_owned(), record));
-                }
-            }
+                    (key, record)
+                })
+                .collect();
             Ok(listed)
         })
         .await
@@ -650,16 +639,9 @@ impl TtlStore for RedbStore {
             let mut leases = txn.open_table(LEASES)?;
             let mut ours = Vec::new();
             for prefix in &prefixes {
-                for row in leases.range(prefix.as_str()..)? {
-                    let (key, _) = row?;
-                    let key = key.value();
-                    if !key.starts_with(prefix.as_str()) {
-                        break;
-                    }
-                    if let Some((lease, _)) = live_lease(&leases, key, now)?
-                        && lease.value == holder
-                    {
-                        ours.push((key.to_owned(), lease.term));
+                for (key, lease, _) in live_leases_under(&leases, prefix, now)? {
+                    if lease.value == holder {
+                        ours.push((key, lease.term));
                     }
                 }
             }

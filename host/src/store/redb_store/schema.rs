@@ -148,17 +148,40 @@ pub(super) fn read_lease(
     table: &impl ReadableTable<&'static str, (&'static str, u64, u128, u64)>,
     key: &str,
 ) -> Result<Option<Lease>, Fault> {
-    Ok(table.get(key)?.map(|row| {
-        let (value, term, boot, nanos) = row.value();
-        Lease {
-            value: value.to_owned(),
-            term,
-            expires: Timestamp {
-                boot,
-                since_boot: Duration::from_nanos(nanos),
-            },
+    Ok(table.get(key)?.map(|row| lease_of(row.value())))
+}
+
+/// A lease record from its stored form.
+fn lease_of((value, term, boot, nanos): (&str, u64, u128, u64)) -> Lease {
+    Lease {
+        value: value.to_owned(),
+        term,
+        expires: Timestamp {
+            boot,
+            since_boot: Duration::from_nanos(nanos),
+        },
+    }
+}
+
+/// Every record live at `now` whose key starts with `prefix`, by key, with its time left.
+pub(super) fn live_leases_under(
+    table: &impl ReadableTable<&'static str, (&'static str, u64, u128, u64)>,
+    prefix: &str,
+    now: Timestamp,
+) -> Result<Vec<(String, Lease, Duration)>, Fault> {
+    let mut live = Vec::new();
+    for row in table.range(prefix..)? {
+        let (key, row) = row?;
+        let key = key.value();
+        if !key.starts_with(prefix) {
+            break;
         }
-    }))
+        let lease = lease_of(row.value());
+        if let Some(left) = lease.expires.left_from(now) {
+            live.push((key.to_owned(), lease, left));
+        }
+    }
+    Ok(live)
 }
 
 /// The record under `key` if it is live at `now` (expiry inclusive, other boots expired).
