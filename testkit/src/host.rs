@@ -190,6 +190,24 @@ pub fn cluster_dir() -> tempfile::TempDir {
 /// compile cache (`cache-<name>` in `dir`: warm when a later host reuses the name). Renewals
 /// are logged (`renewed`, at debug level), so a test can tell when a lease was last written.
 pub fn serve(bin: &str, name: &'static str, dir: &Path, store: &str, lease: &str) -> Host {
+    serve_with(
+        bin,
+        name,
+        dir,
+        [store, lease, "2s"],
+        "info,vvm_host::elections=debug",
+    )
+}
+
+/// `bin serve` in `dir` with `[store, lease, grace period]`, its own compile cache
+/// (`cache-<name>` in `dir`) and `rust_log` as `RUST_LOG`.
+pub fn serve_with(
+    bin: &str,
+    name: &'static str,
+    dir: &Path,
+    [store, lease, grace]: [&str; 3],
+    rust_log: &str,
+) -> Host {
     let cache = format!("cache-{name}");
     let args = [
         "serve",
@@ -200,9 +218,9 @@ pub fn serve(bin: &str, name: &'static str, dir: &Path, store: &str, lease: &str
         "--cache-dir",
         &cache,
         "--grace-period",
-        "2s",
+        grace,
     ];
-    Host::start(bin, name, dir, &args, "info,vvm_host::elections=debug")
+    Host::start(bin, name, dir, &args, rust_log)
 }
 
 impl Drop for Host {

@@ -37,24 +37,7 @@ fn serve(name: &'static str, dir: &Path, lease: &str) -> Host {
 
 /// Like [`serve`], on the given `--store`.
 fn serve_on(name: &'static str, dir: &Path, lease: &str, store: &str) -> Host {
-    let cache = format!("cache-{name}");
-    Host::start(
-        BIN,
-        name,
-        dir,
-        &[
-            "serve",
-            "--store",
-            store,
-            "--lease",
-            lease,
-            "--cache-dir",
-            &cache,
-            "--grace-period",
-            "1s",
-        ],
-        "info",
-    )
+    testkit::host::serve_with(BIN, name, dir, [store, lease, "1s"], "info")
 }
 
 /// The `(term, seq)` lines of the journal file.

@@ -59,19 +59,7 @@ fn spread_dir() -> tempfile::TempDir {
 }
 
 fn serve(name: &'static str, dir: &Path, store: &str, lease: &str) -> Host {
-    let cache = format!("cache-{name}");
-    let args = [
-        "serve",
-        "--store",
-        store,
-        "--lease",
-        lease,
-        "--cache-dir",
-        &cache,
-        "--grace-period",
-        "1s",
-    ];
-    Host::start(BIN, name, dir, &args, "info")
+    testkit::host::serve_with(BIN, name, dir, [store, lease, "1s"], "info")
 }
 
 fn json(line: &Line) -> serde_json::Value {
