@@ -119,20 +119,7 @@ impl Killer {
         };
         self.shared.wake.notify_all();
         crate::ops::Ops::global().killer_armed(true);
-        {
-            let mut thread = self.thread.lock().unwrap_or_else(PoisonError::into_inner);
-            if thread.as_ref().is_none_or(JoinHandle::is_finished) {
-                let shared = Arc::clone(&self.shared);
-                match std::thread::Builder::new()
-                    .name("vvm-killer".into())
-                    .spawn(move || watch(&shared))
-                {
-                    Ok(handle) => *thread = Some(handle),
-                    // Without the thread there is no guarantee left to give: stop here.
-                    Err(_) => (self.shared.action)(Duration::ZERO),
-                }
-            }
-        }
+        self.start_thread();
         // Logged last: a stalled log pipe may block this call, but not the armed killer.
         if !was_armed {
             let in_ms = deadline
@@ -140,6 +127,30 @@ impl Killer {
                 .unwrap_or_default()
                 .as_millis();
             tracing::info!(in_ms, "killer armed");
+        }
+    }
+
+    /// Starts the watchdog thread ahead of arming, disarmed: a host does this as it begins to
+    /// campaign, so that taking a lease over (a few milliseconds in all) does not also spawn
+    /// a thread. [`Killer::disarm`] ends it as it would an armed one.
+    pub fn prepare(&self) {
+        self.shared.lock().stop = false;
+        self.start_thread();
+    }
+
+    /// Starts the watchdog thread unless it runs. If no thread can be started, there is no
+    /// guarantee left to give: the action runs at once.
+    fn start_thread(&self) {
+        let mut thread = self.thread.lock().unwrap_or_else(PoisonError::into_inner);
+        if thread.as_ref().is_none_or(JoinHandle::is_finished) {
+            let shared = Arc::clone(&self.shared);
+            match std::thread::Builder::new()
+                .name("vvm-killer".into())
+                .spawn(move || watch(&shared))
+            {
+                Ok(handle) => *thread = Some(handle),
+                Err(_) => (self.shared.action)(Duration::ZERO),
+            }
         }
     }
 
@@ -338,6 +349,37 @@ mod tests {
         );
         std::thread::sleep(Duration::from_millis(80));
         assert_eq!(fired.load(Ordering::SeqCst), 0);
+    }
+
+    /// Arming a prepared killer starts no thread: the takeover's path only sets the deadline.
+    #[test]
+    fn a_prepared_killer_waits_disarmed_and_arming_it_starts_no_thread() {
+        let (clock, fired, killer) = real();
+        let thread_id = || {
+            killer
+                .thread
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_ref()
+                .map(|t| t.thread().id())
+        };
+        killer.prepare();
+        let prepared = thread_id().expect("prepare starts the thread");
+        std::thread::sleep(RECHECK * 3);
+        assert_eq!(
+            fired.load(Ordering::SeqCst),
+            0,
+            "a disarmed killer never fires"
+        );
+        killer.arm(clock.now().after(Duration::from_millis(30)));
+        assert_eq!(thread_id(), Some(prepared), "arming started another thread");
+        assert!(wait_until(|| fired.load(Ordering::SeqCst) == 1));
+        // Prepared again after a disarm (a host campaigning again), disarmed unarmed: joined.
+        killer.disarm();
+        killer.prepare();
+        assert!(thread_id().is_some());
+        killer.disarm();
+        assert_eq!(thread_id(), None, "disarm joins a prepared thread");
     }
 
     #[test]

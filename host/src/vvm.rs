@@ -194,6 +194,9 @@ impl Vvm {
         );
         elections.hand_over_to(candidates());
         let killer = Arc::clone(&self.killer);
+        // Its thread waits from now on, so that winning a slot only arms it. The shutdown
+        // sequence (or the panic path below) disarms it, which ends the thread.
+        killer.prepare();
         // Before any record can carry our holder value: a standby that finds the value in a
         // record also finds our lock held. Without it standbys wait out our lease.
         let holder_lock = self.holder_locks.as_ref().and_then(|dir| {

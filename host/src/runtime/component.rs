@@ -165,6 +165,13 @@ impl Compiler<'_> {
         let component = self
             .component(&bytes)
             .map_err(|e| fail(LoadErrorKind::Compile(e)))?;
+        // Now rather than at the first instantiation, which is on a takeover's path: wasmtime
+        // builds each memory's copy-on-write image lazily (a memfd and its data, or a mapping of
+        // the cache file). Failing here only defers that work to the instantiation.
+        if let Err(e) = component.initialize_copy_on_write_image() {
+            tracing::debug!(service = name, error = %format!("{e:#}"),
+                "no copy-on-write image ahead of the first start");
+        }
         let pre = classify(self.engine, &component, linker).map_err(fail)?;
         let version = version_of(&bytes);
         Ok(Loaded { name, version, pre })

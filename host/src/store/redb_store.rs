@@ -431,10 +431,21 @@ enum Outcome {
 }
 
 impl Inner {
-    /// Rings the release bell ([`bell_path`]) with the file's new release count.
+    /// Rings the release bell ([`bell_path`]) with the file's new release count: one write
+    /// in place, so one inotify event per ring (truncating first would be a second, and a
+    /// spurious wake-up of every waiter).
     fn ring(&self, releases: u64) {
+        use std::os::unix::fs::FileExt;
+        let rung = |bell: &Path| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(bell)?
+                .write_all_at(format!("{releases:020}\n").as_bytes(), 0)
+        };
         if let Some(bell) = &self.bell
-            && let Err(e) = std::fs::write(bell, releases.to_string())
+            && let Err(e) = rung(bell)
         {
             tracing::debug!(path = %bell.display(), error = %e,
                 "could not ring the release bell; waiters see the release at their next poll");
@@ -665,12 +676,15 @@ impl TtlStore for RedbStore {
     ///
     /// Across processes: every release (`compare_and_delete`, `hand_over`) bumps a counter
     /// in its transaction, then rings the store's release bell ([`bell_path`]); a thread per
-    /// store watches the bell with inotify ([`FileWatch`]), and on each ring the waiter reads
-    /// the counter. inotify wakes a standby within a millisecond or so of the releasing
-    /// commit, with no polling while nothing happens. The bell, not the store file, is
-    /// watched: a waiter reading the file at each of the leader's renewals would take the
-    /// file's header lock several times a second, and a waiter stopped (SIGSTOP) while it
-    /// holds it stalls the leader's next commit. Without inotify (watch limit reached, a
+    /// store watches the bell with inotify ([`FileWatch`]), and a ring ends the wait at once,
+    /// with no read of the file: only releases ring, and the caller reads the records next
+    /// anyway (a read of the counter first was a second read on a takeover's path, and one
+    /// that a peer holding the header lock could delay). inotify wakes a standby within a
+    /// millisecond or so of the releasing commit, with no polling while nothing happens. The
+    /// bell, not the store file, is watched: a waiter reading the file at each of the
+    /// leader's renewals would take the file's header lock several times a second, and a
+    /// waiter stopped (SIGSTOP) while it holds it stalls the leader's next commit. Without
+    /// inotify (watch limit reached, a
     /// filesystem that does not report writes), or should a ring be missed (a process that
     /// died between its commit and its ring), the counter is also polled, every
     /// [`FALLBACK_POLL`] or [`SAFETY_POLL`].
@@ -698,14 +712,10 @@ impl TtlStore for RedbStore {
             } else {
                 FALLBACK_POLL
             };
-            let file_written = async {
+            // A ring (or the bell replaced or removed) ends the wait: only releases ring.
+            let rung = async {
                 match &mut changes {
-                    Some(rx) => {
-                        if rx.changed().await.is_err() {
-                            // The watch thread ended: poll from now on.
-                            changes = None;
-                        }
-                    }
+                    Some(rx) => rx.changed().await.is_ok(),
                     None => std::future::pending().await,
                 }
             };
@@ -713,7 +723,13 @@ impl TtlStore for RedbStore {
                 () = &mut notified => return,
                 () = tokio::time::sleep_until(deadline) => return,
                 () = tokio::time::sleep(poll) => {}
-                () = file_written => {}
+                rung = rung => {
+                    if rung {
+                        return;
+                    }
+                    // The watch thread ended: poll from now on.
+                    changes = None;
+                }
             }
             match self.releases().await {
                 Ok(now) if now == before => {}

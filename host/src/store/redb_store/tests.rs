@@ -224,6 +224,14 @@ async fn two_handles_share_records_and_a_release_wakes_the_other_handle() {
         .expect("the release in another handle woke the waiter")
         .unwrap();
     assert!(waited < Duration::from_secs(10));
+    // One ring, one wake: the ring is a single write to the bell, not a truncation and a write
+    // (two events, the second a spurious wake-up of the next wait).
+    let started = Instant::now();
+    b.wait_released(Duration::from_millis(300)).await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "woke twice on one ring"
+    );
     assert!(b.insert_if_absent("1", "b", TTL).await.unwrap().unwrap() > term);
 }
 
@@ -327,6 +335,54 @@ async fn a_header_lock_held_by_a_stopped_peer_is_a_transient_error_not_a_hang() 
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(renewed, "renewals go on once the peer lets go");
+}
+
+/// A ring of the release bell ends a wait at once, with no read of the store file: the waiter's
+/// caller reads the records next anyway, and on a takeover's path a read of the counter first
+/// was a second read, one that a peer holding the file's header lock (a process stopped in the
+/// middle of a commit) delays by up to the store's patience. Here the patience is a minute and
+/// the test waits ten seconds: a waiter that reads the store first cannot end in time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ring_ends_the_wait_at_once_without_reading_the_store() {
+    use std::ops::Bound;
+
+    use redb::StorageBackend;
+    use redb::backends::FileBackend;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::default());
+    let a = RedbStore::open_with_clock(&path, Arc::clone(&clock))
+        .await
+        .unwrap();
+    let b = RedbStore::open_inner(&path, clock, Duration::from_mins(1), false)
+        .await
+        .unwrap();
+    a.insert_if_absent("1", "a", TTL).await.unwrap().unwrap();
+    // `b` comes back: its close writes to the file, which must wait for the peer.
+    let waiter = tokio::spawn(async move {
+        b.wait_released(Duration::from_mins(5)).await;
+        b
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!waiter.is_finished(), "woke with no release");
+    // A peer holds the header lock, as a process stopped inside a commit does, and the
+    // bell rings (by hand: the test is about the waiter, not the release).
+    let file = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    let peer = FileBackend::new(file).unwrap();
+    let header = (Bound::Included(0), Bound::Excluded(1));
+    peer.lock_range(header.0, header.1).unwrap();
+    a.inner.ring(1);
+    let woke = tokio::time::timeout(Duration::from_secs(10), waiter).await;
+    peer.unlock_range(header.0, header.1).unwrap();
+    woke.expect("the ring ended the wait")
+        .unwrap()
+        .close()
+        .await;
 }
 
 /// `vvm-host status` opens the file read-only: no write lock (a writer holding it, or
