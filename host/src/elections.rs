@@ -363,6 +363,23 @@ impl Elections {
         self.lock().candidates = Some(candidates);
     }
 
+    /// Reads ahead what releasing our leases will need
+    /// ([`crate::store::TtlStore::prepare_hand_over`]): the shutdown sequence runs this while
+    /// the services stop, so that the release that follows is one write (on etcd, the
+    /// candidates' read leaves the takeover's path).
+    pub async fn prepare_release(&self) {
+        let candidates = {
+            let state = self.lock();
+            if state.held.is_empty() {
+                return;
+            }
+            state.candidates.clone()
+        };
+        if let Some(candidates) = candidates {
+            self.store.prepare_hand_over(&candidates).await;
+        }
+    }
+
     /// Stands as a candidate for the leases of other holders: a record `key` with our
     /// `holder` value that lives `ttl` and is rewritten every `ttl / 4`, which a releasing
     /// holder may hand its lease to (see [`Elections::adopt`]). Each store call waits at most

@@ -450,7 +450,18 @@ impl Launcher {
         }) = leading
         {
             if let Some(services) = services {
-                services.stop().await;
+                // Meanwhile, the release's read (if its store has one) runs: dropped unfinished
+                // once the services have stopped, the release then reads for itself.
+                let stop = services.stop();
+                let prepare = self.elections.prepare_release();
+                tokio::pin!(stop, prepare);
+                let mut prepared = false;
+                loop {
+                    tokio::select! {
+                        () = &mut stop => break,
+                        () = &mut prepare, if !prepared => prepared = true,
+                    }
+                }
                 tracing::info!("services stopped");
             }
             monitor_stop.cancel();

@@ -58,7 +58,9 @@ macro_rules! suite {
             an_insert_applied_despite_an_error_is_retaken_at_once_and_cleaned_up,
             wait_released_wakes_on_delete, hand_over_passes_the_record_to_the_freshest_live_candidate,
             hand_over_passes_expired_and_ineligible_candidates_over_and_changes_nothing_when_not_held,
-            hand_over_wakes_waiters_and_fences_the_old_term, list_returns_the_live_records_under_a_prefix,
+            hand_over_wakes_waiters_and_fences_the_old_term,
+            a_handover_prepared_ahead_goes_to_a_live_candidate_even_if_the_view_went_stale,
+            list_returns_the_live_records_under_a_prefix,
             renew_all_renews_every_record_of_the_holder_and_no_other,
             renew_all_never_renews_a_record_the_holder_lost);
     };
@@ -499,6 +501,64 @@ pub(crate) async fn hand_over_passes_the_record_to_the_freshest_live_candidate<B
     );
     assert_eq!(s.get("k").await.unwrap().unwrap().term, t4);
     assert_eq!(s.get("candidates").await.unwrap().unwrap().value, "z");
+}
+
+/// [`TtlStore::prepare_hand_over`] reads ahead (etcd: the candidates) while the releasing host
+/// stops its services. What it read may be stale by the handover: the candidate it saw has
+/// withdrawn and another stands, or the one it saw is no longer eligible. The handover still
+/// goes to a live, eligible candidate, never to the withdrawn one, and does not fall back to
+/// a delete while one stands.
+pub(crate) async fn a_handover_prepared_ahead_goes_to_a_live_candidate_even_if_the_view_went_stale<
+    B: Backend,
+>(
+    b: &mut B,
+) {
+    let clock = ManualClock::default();
+    let s = b.open(&clock).await;
+    let t1 = s.insert_if_absent("k", "a", B::TTL).await.unwrap().unwrap();
+    s.insert_if_absent("cand/x", "x", B::TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    s.prepare_hand_over(&cand()).await;
+    assert!(s.compare_and_delete("cand/x", "x").await.unwrap());
+    s.insert_if_absent("cand/y", "y", B::TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    let handed = s.hand_over("k", "a", &cand(), B::TTL).await.unwrap();
+    let HandOver::To { to, term: t2 } = handed else {
+        panic!("not handed over: {handed:?}");
+    };
+    assert_eq!(to, "y", "the candidate standing at the handover");
+    assert!(t2 > t1);
+    assert_eq!(s.get("k").await.unwrap().unwrap().value, "y");
+
+    // Read ahead while eligible, ineligible by the handover (the freshest, z): passed over
+    // for the other one.
+    s.insert_if_absent("cand/w", "w", B::TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    b.advance(&clock, Duration::from_secs(1)).await;
+    s.insert_if_absent("cand/z", "z", B::TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    s.prepare_hand_over(&cand()).await;
+    let not_z = Candidates {
+        prefix: "cand/".to_owned(),
+        eligible: Arc::new(|value: &str| value != "z"),
+    };
+    let handed = s.hand_over("k", "y", &not_z, B::TTL).await.unwrap();
+    let HandOver::To { to, .. } = handed else {
+        panic!("not handed over: {handed:?}");
+    };
+    assert_eq!(to, "w");
+    assert!(
+        s.get("cand/z").await.unwrap().is_some(),
+        "z stays a candidate"
+    );
 }
 
 pub(crate) async fn hand_over_passes_expired_and_ineligible_candidates_over_and_changes_nothing_when_not_held<

@@ -67,7 +67,13 @@ pub struct EtcdStore {
     /// record on one needs no lease read. A host taking over a record handed to it onto its
     /// own candidacy lease saves that request. Entries go when revoked or run out.
     granted: Mutex<HashMap<i64, (tokio::time::Instant, i64)>>,
+    /// The candidates read ahead of a handover ([`TtlStore::prepare_hand_over`]): their
+    /// prefix, when the read began, and what it found.
+    prepared: Mutex<Option<(String, tokio::time::Instant, Vec<etcd_client::KeyValue>)>>,
 }
+
+/// How long candidates read ahead of a handover may stand in for a read at the handover.
+const PREPARED_FOR: Duration = Duration::from_secs(1);
 
 /// The cluster did not answer in time.
 #[derive(Debug, thiserror::Error)]
@@ -112,6 +118,7 @@ impl EtcdStore {
             warned_ttl: AtomicBool::new(false),
             written_on: Mutex::default(),
             granted: Mutex::default(),
+            prepared: Mutex::default(),
         };
         // Prove the cluster answers now rather than at the first campaign.
         let probe = GetOptions::new().with_prefix().with_count_only();
@@ -309,6 +316,27 @@ impl EtcdStore {
             .await?;
         self.saw(response.header());
         Ok(response.take_kvs())
+    }
+
+    /// The candidacy records under `prefix`. A serializable read, answered by the member at
+    /// hand without a round to the cluster's leader: a stale answer costs nothing, since a
+    /// handover's transaction checks that the candidacy it picked is unchanged.
+    async fn candidates(&self, prefix: &str) -> Result<Vec<etcd_client::KeyValue>, StoreError> {
+        let from = self.record_key(prefix);
+        let serializable = GetOptions::new().with_serializable();
+        self.under("hand_over", prefix, from, serializable).await
+    }
+
+    /// The candidates under `prefix` read ahead of this handover, if that read is recent
+    /// ([`PREPARED_FOR`]); used once.
+    fn prepared_candidates(&self, prefix: &str) -> Option<Vec<etcd_client::KeyValue>> {
+        let prepared = self
+            .prepared
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()?;
+        let (of, asked, listed) = prepared;
+        (of == prefix && asked.elapsed() < PREPARED_FOR).then_some(listed)
     }
 
     /// The record key of an etcd key under the record prefix, if it is one and UTF-8.
@@ -509,54 +537,82 @@ impl TtlStore for EtcdStore {
         _ttl: Duration,
     ) -> Result<HandOver, StoreError> {
         const OP: &str = "hand_over";
-        // The freshest: written last (the largest mod revision). A serializable read, answered
-        // by the member at hand without a round to the cluster's leader: a stale answer costs
-        // nothing, since the transaction checks that the candidacy is unchanged.
-        let from = self.record_key(&candidates.prefix);
-        let serializable = GetOptions::new().with_serializable();
-        let freshest = self
-            .under(OP, &candidates.prefix, from, serializable)
-            .await?
-            .into_iter()
-            .filter(|kv| kv.lease() != 0 && kv.value_str().is_ok_and(|v| (candidates.eligible)(v)))
-            .max_by_key(etcd_client::KeyValue::mod_revision);
-        let Some(candidate) = freshest else {
-            return Ok(HandOver::deleted_if(
-                self.compare_and_delete(key, expected).await?,
-            ));
-        };
-        let to = candidate.value_str().unwrap_or_default().to_owned();
         let record = self.record_key(key);
-        let on_its_lease = PutOptions::new()
-            .with_lease(candidate.lease())
-            .with_prev_key();
-        let txn = Txn::new()
-            .when([
-                Compare::value(record.as_str(), CompareOp::Equal, expected),
-                Compare::mod_revision(candidate.key(), CompareOp::Equal, candidate.mod_revision()),
-            ])
-            .and_then([
-                TxnOp::put(record, to.as_str(), Some(on_its_lease)),
-                TxnOp::put(self.term_key(key), "", None),
-                TxnOp::delete(candidate.key(), None),
-            ]);
-        let response = self.txn(OP, key, txn).await?;
-        if !response.succeeded() {
-            return Ok(HandOver::deleted_if(
-                self.compare_and_delete(key, expected).await?,
-            ));
+        // Candidates read ahead, while the caller stopped its services, if that read is
+        // recent; a fresh read otherwise, or when that view finds no candidate or has gone
+        // stale (the transaction below fails): two tries at most.
+        let mut prepared = self.prepared_candidates(&candidates.prefix);
+        for last_try in [prepared.is_none(), true] {
+            let listed = match prepared.take() {
+                Some(listed) => listed,
+                None => self.candidates(&candidates.prefix).await?,
+            };
+            // The freshest: written last (the largest mod revision).
+            let freshest = listed
+                .into_iter()
+                .filter(|kv| {
+                    kv.lease() != 0 && kv.value_str().is_ok_and(|v| (candidates.eligible)(v))
+                })
+                .max_by_key(etcd_client::KeyValue::mod_revision);
+            let Some(candidate) = freshest else {
+                if last_try {
+                    break;
+                }
+                continue;
+            };
+            let to = candidate.value_str().unwrap_or_default().to_owned();
+            let on_its_lease = PutOptions::new()
+                .with_lease(candidate.lease())
+                .with_prev_key();
+            let txn = Txn::new()
+                .when([
+                    Compare::value(record.as_str(), CompareOp::Equal, expected),
+                    Compare::mod_revision(
+                        candidate.key(),
+                        CompareOp::Equal,
+                        candidate.mod_revision(),
+                    ),
+                ])
+                .and_then([
+                    TxnOp::put(record.as_str(), to.as_str(), Some(on_its_lease)),
+                    TxnOp::put(self.term_key(key), "", None),
+                    TxnOp::delete(candidate.key(), None),
+                ]);
+            let response = self.txn(OP, key, txn).await?;
+            if !response.succeeded() {
+                if last_try {
+                    break;
+                }
+                continue;
+            }
+            // The transaction's own revision: the term key's mod revision.
+            let term = response
+                .header()
+                .map_or(0, etcd_client::ResponseHeader::revision);
+            self.written_on().remove(key);
+            tracing::debug!(key, to, term, "etcd record handed over");
+            self.revoke_if_empty(previous_lease(&response)).await;
+            return Ok(HandOver::To {
+                to,
+                term: u64::try_from(term).unwrap_or(0),
+            });
         }
-        // The transaction's own revision: the term key's mod revision.
-        let term = response
-            .header()
-            .map_or(0, etcd_client::ResponseHeader::revision);
-        self.written_on().remove(key);
-        tracing::debug!(key, to, term, "etcd record handed over");
-        self.revoke_if_empty(previous_lease(&response)).await;
-        Ok(HandOver::To {
-            to,
-            term: u64::try_from(term).unwrap_or(0),
-        })
+        Ok(HandOver::deleted_if(
+            self.compare_and_delete(key, expected).await?,
+        ))
+    }
+
+    async fn prepare_hand_over(&self, candidates: &Candidates) {
+        let asked = tokio::time::Instant::now();
+        match self.candidates(&candidates.prefix).await {
+            Ok(listed) => {
+                *self.prepared.lock().unwrap_or_else(PoisonError::into_inner) =
+                    Some((candidates.prefix.clone(), asked, listed));
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "reading the candidates ahead of a handover failed");
+            }
+        }
     }
 
     fn candidacy_ttl(&self, lease: Duration) -> Duration {

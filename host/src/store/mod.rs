@@ -277,6 +277,15 @@ pub trait TtlStore: Send + Sync {
         ttl: Duration,
     ) -> Result<HandOver, StoreError>;
 
+    /// A [`TtlStore::hand_over`] to one of `candidates` is coming (the caller is stopping its
+    /// services first): a backend whose handover reads the candidates before its write may
+    /// read them now, so that the handover itself is one write. The read serves a handover
+    /// that follows within about a second; the write still checks the chosen candidacy, and
+    /// a view gone stale costs a second try with a fresh read. Does nothing by default.
+    async fn prepare_hand_over(&self, candidates: &Candidates) {
+        let _ = candidates;
+    }
+
     /// How long a waiting host's candidacy record lives for a lease `lease` long; the host
     /// rewrites it at a quarter of that. Short where a standby's writes cost nothing but the
     /// write, so the record's age tells a host that stopped renewing it; long on a backend

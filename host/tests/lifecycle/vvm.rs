@@ -389,6 +389,37 @@ async fn shutdown_during_a_slow_service_stop_waits_for_it_and_ends_in_order() {
     assert_eq!(killer.deadline(), None);
 }
 
+/// The release's read-ahead (on etcd, the candidates it may hand the lease to) runs while the
+/// services stop, so the release after them is one write; and it never holds the release up:
+/// a read that does not answer is dropped once the services have stopped.
+#[tokio::test(start_paused = true)]
+async fn the_release_reads_ahead_while_the_services_stop_and_never_waits_for_that_read() {
+    for stalled in [false, true] {
+        let mem = mem_store();
+        let journal = Journal::default();
+        let b = Behaviour {
+            slow_stop: Duration::from_secs(2),
+            ..Behaviour::default()
+        };
+        let h = launch_with(&mem, &journal, config("a", 1), b);
+        leading(&h).await;
+        settle().await;
+        if stalled {
+            h.store.stall_key(vvm_host::vvm::CANDIDATE_PREFIX);
+        }
+        let t = Instant::now();
+        let shut_down = tokio::time::timeout(L * 10, shut(h.vvm)).await;
+        assert_eq!(shut_down, Ok(None), "stalled read-ahead: {stalled}");
+        assert_eq!(
+            Instant::now() - t,
+            Duration::from_secs(2),
+            "the stop, no more"
+        );
+        assert_order(&journal, "a", &Event::PrepareRelease, &Event::Stopped);
+        assert_order(&journal, "a", &Event::Stopped, &succeeded(Op::Delete));
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn after_a_leadership_loss_the_record_stays_until_the_services_have_stopped() {
     let mem = mem_store();

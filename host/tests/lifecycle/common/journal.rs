@@ -31,6 +31,8 @@ pub enum Event {
     IgnoresStop,
     /// The services stopped.
     Stopped,
+    /// The store was asked to read ahead for a handover (`TtlStore::prepare_hand_over`).
+    PrepareRelease,
 }
 
 /// One journal entry: who did what, and when (tokio time).

@@ -287,6 +287,15 @@ impl TtlStore for FaultyStore {
         .await
     }
 
+    /// Journaled as it begins; never answers while the candidates' prefix is stalled.
+    async fn prepare_hand_over(&self, candidates: &Candidates) {
+        self.journal.push(&self.name, Event::PrepareRelease);
+        if self.is_stalled(&candidates.prefix) {
+            return std::future::pending().await;
+        }
+        self.inner.prepare_hand_over(candidates).await;
+    }
+
     fn candidacy_ttl(&self, lease: Duration) -> Duration {
         self.inner.candidacy_ttl(lease)
     }
