@@ -506,11 +506,17 @@ impl Launcher {
         }
     }
 
-    /// Takes over the slot `key` if its record names us (a handover), with no write.
+    /// Takes over the slot `key` if its record names us (a handover), with no write: as the
+    /// release that woke us left it, if the store saw that ([`crate::store::TtlStore::handed`]),
+    /// else read.
     async fn take_over_if_ours(&self, key: &str) -> Result<Option<Leadership>, ElectionError> {
         let Vvm { config, store, .. } = &self.vvm;
         let read_start = self.vvm.clock.now();
-        match within_quarter_lease(config.lease, "get", key, store.get(key)).await {
+        let record = match store.handed(key) {
+            Some(record) => Ok(Some(record)),
+            None => within_quarter_lease(config.lease, "get", key, store.get(key)).await,
+        };
+        match record {
             Ok(Some(record)) if lease_value::holder(&record.value) == config.holder => {
                 self.adopt(key, &record, read_start).await
             }

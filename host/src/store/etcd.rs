@@ -36,8 +36,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use etcd_client::{
     Client, Compare, CompareOp, DeleteOptions, EventType, GetOptions, KvClient, LeaseClient,
-    LeaseTimeToLiveOptions, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchFilterType,
-    WatchOptions,
+    LeaseTimeToLiveOptions, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
 };
 use tonic::Code;
 
@@ -70,6 +69,9 @@ pub struct EtcdStore {
     /// The candidates read ahead of a handover ([`TtlStore::prepare_hand_over`]): their
     /// prefix, when the read began, and what it found.
     prepared: Mutex<Option<(String, tokio::time::Instant, Vec<etcd_client::KeyValue>)>>,
+    /// The records that the releases ending the last wait handed over, by name, with their
+    /// terms, as the watch saw them ([`TtlStore::handed`]).
+    handed: Mutex<HashMap<String, (etcd_client::KeyValue, i64)>>,
 }
 
 /// How long candidates read ahead of a handover may stand in for a read at the handover.
@@ -119,6 +121,7 @@ impl EtcdStore {
             written_on: Mutex::default(),
             granted: Mutex::default(),
             prepared: Mutex::default(),
+            handed: Mutex::default(),
         };
         // Prove the cluster answers now rather than at the first campaign.
         let probe = GetOptions::new().with_prefix().with_count_only();
@@ -615,6 +618,21 @@ impl TtlStore for EtcdStore {
         }
     }
 
+    fn handed(&self, key: &str) -> Option<Record> {
+        let (kv, term) = self
+            .handed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(key)?;
+        let (left, granted) = self.granted_left(kv.lease())?;
+        Some(Record {
+            value: kv.value_str().ok()?.to_owned(),
+            term: u64::try_from(term).unwrap_or(0),
+            time_left: upper_bound(left, granted),
+            lives_at_least: lower_bound(left),
+        })
+    }
+
     fn candidacy_ttl(&self, lease: Duration) -> Duration {
         lease
     }
@@ -761,16 +779,38 @@ impl TtlStore for EtcdStore {
 }
 
 impl EtcdStore {
+    /// Remembers, for [`TtlStore::handed`], each record put in the revision of a delete among
+    /// `events`: a handover's transaction puts the record (on the candidate's lease) and its
+    /// term key, and deletes the candidacy, all at one revision, which is the record's term.
+    /// No other transaction puts a record and deletes one.
+    fn remember_handovers(&self, events: &[etcd_client::Event]) {
+        let deleted_at: Vec<i64> = events
+            .iter()
+            .filter(|e| e.event_type() == EventType::Delete)
+            .filter_map(|e| e.kv().map(etcd_client::KeyValue::mod_revision))
+            .collect();
+        let mut handed = self.handed.lock().unwrap_or_else(PoisonError::into_inner);
+        handed.clear();
+        for kv in events
+            .iter()
+            .filter(|e| e.event_type() == EventType::Put)
+            .filter_map(etcd_client::Event::kv)
+            .filter(|kv| deleted_at.contains(&kv.mod_revision()))
+        {
+            if let Some(name) = self.record_name(kv) {
+                handed.insert(name, (kv.clone(), kv.mod_revision()));
+            }
+        }
+    }
+
     /// Returns at the first delete of a record (release or expiry) after the newest revision
-    /// this store has seen. If no watch can be set up, returns after a second (a spurious
-    /// wake-up) so the caller looks again without spinning.
+    /// this store has seen, remembering what a handover put in that revision
+    /// ([`EtcdStore::remember_handovers`]). If no watch can be set up, returns after a second
+    /// (a spurious wake-up) so the caller looks again without spinning.
     async fn watch_deletes(&self) {
         let pause = || tokio::time::sleep(Duration::from_secs(1));
         let from = self.seen_revision.load(Ordering::Relaxed) + 1;
-        let options = WatchOptions::new()
-            .with_prefix()
-            .with_filters([WatchFilterType::NoPut])
-            .with_start_revision(from);
+        let options = WatchOptions::new().with_prefix().with_start_revision(from);
         let key = self.record_key("");
         let watch = || {
             let (mut watcher, key, options) =
@@ -788,11 +828,9 @@ impl EtcdStore {
             match stream.message().await {
                 Ok(Some(response)) if response.canceled() => return,
                 Ok(Some(response)) => {
-                    let deleted = response
-                        .events()
-                        .iter()
-                        .any(|e| e.event_type() == EventType::Delete);
-                    if deleted {
+                    let events = response.events();
+                    if events.iter().any(|e| e.event_type() == EventType::Delete) {
+                        self.remember_handovers(events);
                         return;
                     }
                 }

@@ -286,6 +286,17 @@ pub trait TtlStore: Send + Sync {
         let _ = candidates;
     }
 
+    /// The record at `key` as a release that ended this handle's last
+    /// [`TtlStore::wait_released`] handed it over, if the backend saw that without a read
+    /// (etcd: in the watch that woke the waiter), with its time left counted as of this call.
+    /// Only a record on a lease of this handle's own is told (a candidacy of its own, handed
+    /// to it): its life is known without asking. `None` otherwise, and by default: the
+    /// caller reads the record with [`TtlStore::get`].
+    fn handed(&self, key: &str) -> Option<Record> {
+        let _ = key;
+        None
+    }
+
     /// How long a waiting host's candidacy record lives for a lease `lease` long; the host
     /// rewrites it at a quarter of that. Short where a standby's writes cost nothing but the
     /// write, so the record's age tells a host that stopped renewing it; long on a backend

@@ -164,6 +164,61 @@ async fn wait_released_sees_a_delete_between_get_and_wait() {
     .expect("woke for the earlier delete");
 }
 
+/// A handover wakes the waiting candidate, and the watch that woke it tells it the record it
+/// was handed, with the handover's term and its own lease's time left: it takes the lease over
+/// with no read. Another waiter (not the candidate) is told nothing and reads.
+#[tokio::test]
+async fn a_candidate_woken_by_a_handover_is_told_its_record_without_a_read() {
+    let Some(etcd) = Etcd::start() else { return };
+    let (holder, candidate, other) = (
+        etcd.store().await,
+        Arc::new(etcd.store().await),
+        Arc::new(etcd.store().await),
+    );
+    let lease = Duration::from_secs(30);
+    holder
+        .insert_if_absent("slot/1", "a", lease)
+        .await
+        .unwrap()
+        .unwrap();
+    candidate
+        .insert_if_absent("cand/b", "b", lease)
+        .await
+        .unwrap()
+        .unwrap();
+    // Both have looked (the watch starts after what they saw), then wait.
+    assert!(candidate.get("slot/1").await.unwrap().is_some());
+    assert!(other.get("slot/1").await.unwrap().is_some());
+    let waiting = |s: &Arc<EtcdStore>| {
+        let s = Arc::clone(s);
+        tokio::spawn(async move { s.wait_released(Duration::from_mins(1)).await })
+    };
+    let (woken, other_woken) = (waiting(&candidate), waiting(&other));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let handed = holder
+        .hand_over("slot/1", "a", &Candidates::any("cand/"), lease)
+        .await
+        .unwrap();
+    let HandOver::To { to, term } = handed else {
+        panic!("not handed over: {handed:?}");
+    };
+    assert_eq!(to, "b");
+    for waiter in [woken, other_woken] {
+        tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("the handover woke the waiter")
+            .unwrap();
+    }
+    let told = candidate.handed("slot/1").expect("told without a read");
+    assert_eq!((told.value.as_str(), told.term), ("b", term));
+    assert!(told.lives_at_least >= Duration::from_secs(20), "{told:?}");
+    assert!(told.time_left >= told.lives_at_least);
+    let read = candidate.get("slot/1").await.unwrap().unwrap();
+    assert_eq!((read.value, read.term), (told.value, told.term));
+    assert!(candidate.handed("slot/1").is_none(), "told once");
+    assert!(other.handed("slot/1").is_none(), "not on its lease: it reads");
+}
+
 #[tokio::test]
 async fn writes_do_not_wake_a_waiter() {
     let Some(etcd) = Etcd::start() else { return };
