@@ -22,7 +22,7 @@ use super::component::Loaded;
 use super::engine::Runtime;
 use super::env::{ServiceEnv, WriteBudget};
 use super::live_dir::Catalogue;
-use super::supervisor::supervise;
+use super::supervisor::{FirstStart, supervise};
 use crate::lease_value::RunningService;
 use crate::services::{RunningServices, ServiceContext};
 
@@ -44,6 +44,7 @@ pub(crate) async fn start(
         stop: stop.clone(),
         running: BTreeMap::new(),
         only,
+        begin: CancellationToken::new(),
     };
     let initial = reconciler.wanted(&catalogue.borrow_and_update());
     let started: Vec<_> = initial
@@ -60,6 +61,8 @@ pub(crate) async fn start(
         () = all_started => {}
         () = stop.cancelled() => {}
     }
+    // Every first instance exists (or the stop came): the guests begin.
+    reconciler.begin.cancel();
     reconciler.report();
     tracing::info!(services = initial.len(), term, "services started");
     let follower = AbortOnDropHandle::new(tokio::spawn(reconciler.follow(catalogue)));
@@ -88,6 +91,10 @@ struct Reconciler {
     running: BTreeMap<String, Supervised>,
     /// The one service this leadership runs, if not all of them.
     only: Option<String>,
+    /// Cancelled once the services the leadership started with all have their first
+    /// instance: their guests wait for it ([`FirstStart::begin`]); those started later find
+    /// it cancelled.
+    begin: CancellationToken,
 }
 
 impl Reconciler {
@@ -117,8 +124,12 @@ impl Reconciler {
             kv_limits: self.rt.config.kv,
             kv_budget: Mutex::new(WriteBudget::full(self.rt.config.kv.writes_per_second)),
         });
-        let (tx, rx) = oneshot::channel();
-        let task = tokio::spawn(supervise(Arc::clone(&self.rt), Arc::clone(svc), env, tx));
+        let (created, rx) = oneshot::channel();
+        let first = FirstStart {
+            created,
+            begin: self.begin.clone(),
+        };
+        let task = tokio::spawn(supervise(Arc::clone(&self.rt), Arc::clone(svc), env, first));
         let since = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use wasmtime::Trap;
 use wasmtime_wasi::I32Exit;
 
@@ -32,17 +33,31 @@ enum Outcome {
     Failed(String),
 }
 
-/// Runs `svc` until it returns, is stopped, or fails too often. `started` is sent (or
-/// dropped) once the first instance is running or could not be created.
+/// The first start of a supervised service, as the leadership's start sees it.
+pub(crate) struct FirstStart {
+    /// Sent once the first instance is created, or dropped if it could not be.
+    pub created: oneshot::Sender<()>,
+    /// Cancelled once every service the leadership started with has its first instance (or
+    /// the start is over): only then does this one's guest begin. Guests that begin while
+    /// other services are still being instantiated compete with them for the two cores and
+    /// for the process's mmap lock (their first page faults take it while instantiations
+    /// write it). Measured (benches/runtime.rs, median of 7 starts of 100 services, 2 worker
+    /// threads, four pairs in two runs) against a mere yield: on-demand 4.2-4.7 -> 2.2-2.5 ms,
+    /// pooling 3.1-4.1 -> 1.8-2.4 ms.
+    pub begin: CancellationToken,
+}
+
+/// Runs `svc` until it returns, is stopped, or fails too often. `first` hears when the first
+/// instance is created and says when its guest may begin; restarts do not wait.
 pub(crate) async fn supervise(
     rt: Arc<Runtime>,
     svc: Arc<Loaded>,
     env: Arc<ServiceEnv>,
-    started: oneshot::Sender<()>,
+    first: FirstStart,
 ) {
     let service = &*env.name;
     let policy = &rt.config.restart;
-    let mut started = Some(started);
+    let mut started = Some(first);
     let mut failures: VecDeque<Instant> = VecDeque::new();
     let mut backoff = policy.initial_backoff;
     while !env.stopping.is_cancelled() {
@@ -113,7 +128,7 @@ async fn run_once(
     rt: &Runtime,
     svc: &Loaded,
     env: &Arc<ServiceEnv>,
-    started: &mut Option<oneshot::Sender<()>>,
+    started: &mut Option<FirstStart>,
 ) -> Outcome {
     let service = &*env.name;
     // The grants as they are now: a re-read configuration applies from the next start.
@@ -129,14 +144,7 @@ async fn run_once(
     match &svc.pre {
         Pre::Service(pre) => {
             let instance = pre.instantiate_async(&mut store).await;
-            if let Some(tx) = started.take() {
-                let _ = tx.send(());
-                // Let the other services' supervisors instantiate before this guest's `run`
-                // begins: the leadership's start waits for every instance, not for any
-                // guest's own start-up. Measured (benches/runtime.rs, one run, median of 7
-                // starts of 100 services): on-demand 5.4-6.0 -> 5.0 ms, pooling 4.2 -> 3.2 ms.
-                tokio::task::yield_now().await;
-            }
+            created(started).await;
             let instance = match instance {
                 Ok(i) => i,
                 Err(e) => return failed("cannot instantiate", &e),
@@ -147,11 +155,7 @@ async fn run_once(
         }
         Pre::Command(pre) => {
             let instance = pre.instantiate_async(&mut store).await;
-            if let Some(tx) = started.take() {
-                let _ = tx.send(());
-                // As for a service: the other instances first.
-                tokio::task::yield_now().await;
-            }
+            created(started).await;
             let instance = match instance {
                 Ok(i) => i,
                 Err(e) => return failed("cannot instantiate", &e),
@@ -165,6 +169,15 @@ async fn run_once(
             // A command cannot hear the stop signal: no grace period.
             finish(env, None, run).await
         }
+    }
+}
+
+/// After the first instantiation (whether it worked or not): says so, and waits until the
+/// guest may begin ([`FirstStart::begin`]).
+async fn created(started: &mut Option<FirstStart>) {
+    if let Some(first) = started.take() {
+        let _ = first.created.send(());
+        first.begin.cancelled().await;
     }
 }
 
@@ -209,4 +222,65 @@ fn failed(what: &str, e: &wasmtime::Error) -> Outcome {
         None => format!("{what}: {}", e.root_cause()),
     };
     Outcome::Failed(reason)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use testkit::{guests, logs};
+
+    use super::*;
+    use crate::runtime::component::{Compiler, LoadStats};
+    use crate::runtime::env::tests::env;
+    use crate::runtime::{RuntimeConfig, engine, host};
+
+    /// The first instance is created at once, but its guest begins only when told: until
+    /// then it has not said a word, even long after.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_first_instance_waits_for_the_begin_before_its_guest_runs() {
+        logs::init();
+        let dir = tempfile::tempdir().unwrap();
+        guests::install(dir.path(), &[("rust-ticker", "svc")]);
+        let config = RuntimeConfig::new(dir.path());
+        let engine = engine::build(&config).unwrap();
+        let linker = host::linker(&engine).unwrap();
+        let mut compiler = Compiler {
+            engine: &engine,
+            cache_dir: dir.path(),
+            stats: LoadStats::default(),
+        };
+        let svc = Arc::new(
+            compiler
+                .load(&dir.path().join("svc.wasm"), &linker)
+                .unwrap(),
+        );
+        let rt = Arc::new(Runtime::start(config, engine).unwrap());
+        let (_clock, env) = env().await;
+        let (created, was_created) = oneshot::channel();
+        let begin = CancellationToken::new();
+        let first = FirstStart {
+            created,
+            begin: begin.clone(),
+        };
+        let task = tokio::spawn(supervise(rt, svc, Arc::clone(&env), first));
+
+        was_created.await.expect("the first instance is created");
+        // Without the wait, the ticker logs its first line right after its instantiation.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(logs::count("svc", "ticker started"), 0);
+
+        begin.cancel();
+        let since = std::time::Instant::now();
+        while logs::count("svc", "ticker started") == 0 {
+            assert!(
+                since.elapsed() < Duration::from_secs(10),
+                "the guest never began"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        env.stopping.cancel();
+        task.await.unwrap();
+        assert_eq!(logs::count("svc", "ticker stopping"), 1);
+    }
 }
