@@ -216,7 +216,10 @@ async fn a_candidate_woken_by_a_handover_is_told_its_record_without_a_read() {
     let read = candidate.get("slot/1").await.unwrap().unwrap();
     assert_eq!((read.value, read.term), (told.value, told.term));
     assert!(candidate.handed("slot/1").is_none(), "told once");
-    assert!(other.handed("slot/1").is_none(), "not on its lease: it reads");
+    assert!(
+        other.handed("slot/1").is_none(),
+        "not on its lease: it reads"
+    );
 }
 
 #[tokio::test]
