@@ -286,12 +286,14 @@ pub trait TtlStore: Send + Sync {
         let _ = candidates;
     }
 
-    /// The record at `key` as a release that ended this handle's last
-    /// [`TtlStore::wait_released`] handed it over, if the backend saw that without a read
-    /// (etcd: in the watch that woke the waiter), with its time left counted as of this call.
-    /// Only a record on a lease of this handle's own is told (a candidacy of its own, handed
-    /// to it): its life is known without asking. `None` otherwise, and by default: the
-    /// caller reads the record with [`TtlStore::get`].
+    /// The record at `key` as the release that ended this handle's last
+    /// [`TtlStore::wait_released`] left it, if the backend already has it, with its time left
+    /// counted as of this call; told once. etcd: from the watch event that woke the waiter,
+    /// only for a record on a lease of this handle's own (a candidacy of its own, handed to
+    /// it), whose life is known without asking; redb: from a read of the file that the
+    /// bell's watch thread made right after the ring. `None` otherwise, and by default: the
+    /// caller reads the record with [`TtlStore::get`]. Either way it saves the takeover's
+    /// path a read.
     fn handed(&self, key: &str) -> Option<Record> {
         let _ = key;
         None

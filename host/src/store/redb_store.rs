@@ -19,6 +19,7 @@ mod schema;
 #[cfg(test)]
 mod tests;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -33,8 +34,8 @@ use tokio::sync::Notify;
 use self::fault::Fault;
 use self::file_watch::FileWatch;
 use self::schema::{
-    BUSY_TIMEOUT, KV, LEASES, META, RELEASES_KEY, SCHEMA_VERSION, TERMS, begin_write, lease_row,
-    live_lease, live_leases_under, open_database, open_read_only,
+    BUSY_TIMEOUT, KV, LEASES, Lease, META, RELEASES_KEY, SCHEMA_VERSION, TERMS, begin_write,
+    lease_row, live_lease, live_leases_under, open_database, open_read_only,
 };
 use super::{Candidates, Fence, FencedKv, HandOver, Record, StoreError, Term, TtlStore};
 use crate::clock::{Clock, SystemClock, Timestamp};
@@ -48,6 +49,10 @@ const FALLBACK_POLL: Duration = Duration::from_millis(5);
 /// releaser that died between its commit and its ring): rarely, since each read takes the
 /// file's header lock, and a crashed holder is found by the crash lock or its expiry anyway.
 const SAFETY_POLL: Duration = Duration::from_secs(2);
+
+/// The longest the bell's watch thread waits for a lock of another process when it reads the
+/// records at a ring: a commit holds the header lock for microseconds at a time.
+const RING_READ_PATIENCE: Duration = Duration::from_millis(2);
 
 /// The store contract over one redb file, shared by every process that opens it.
 ///
@@ -63,8 +68,9 @@ struct Inner {
     path: PathBuf,
     clock: Arc<dyn Clock>,
     /// Replaced by a fresh handle when redb reports that this one is unusable (after an I/O
-    /// error). Operations in flight keep the old handle alive until they end.
-    db: RwLock<Handle>,
+    /// error). Operations in flight keep the old handle alive until they end. Shared with the
+    /// bell's watch thread, which reads the records at each ring ([`Rung`]).
+    db: Arc<RwLock<Handle>>,
     /// Queues this process's writers, so only the cross-process write lock needs polling.
     writer: Mutex<()>,
     /// Lease writes queued for `writer`: while there are any, guest key-value writes wait, so
@@ -81,6 +87,8 @@ struct Inner {
     bell: Option<PathBuf>,
     /// Wakes waiters when another process rings the bell; `None` if inotify is unavailable.
     watch: Option<FileWatch>,
+    /// The live records as the bell's watch thread read them at the last ring.
+    rung: Rung,
     /// The release counter as this handle last read it (at open, then by every waiter). A
     /// waiter compares against it rather than reading the counter before it waits: see
     /// [`TtlStore::wait_released`].
@@ -179,15 +187,18 @@ impl RedbStore {
         let (db, releases) = opened
             .unwrap_or_else(|e| Err(Fault::Aborted(e.to_string())))
             .map_err(|f| f.into_store_error(&path, "open"))?;
+        let db = Arc::new(RwLock::new(db));
+        let rung = Rung::default();
         // Only campaigning hosts wait for releases.
         let bell = (!read_only).then(|| bell_path(&path));
         let watch = bell.as_deref().and_then(|bell| {
+            let on_ring = rung.reader(Arc::clone(&db), Arc::clone(&clock));
             let watched = std::fs::OpenOptions::new()
                 .create(true)
                 .truncate(false)
                 .write(true)
                 .open(bell)
-                .and_then(|_| FileWatch::start(bell));
+                .and_then(|_| FileWatch::start(bell, on_ring));
             watched
                 .inspect_err(|e| {
                     tracing::warn!(path = %bell.display(), error = %e,
@@ -200,7 +211,7 @@ impl RedbStore {
             inner: Arc::new(Inner {
                 path,
                 clock,
-                db: RwLock::new(db),
+                db,
                 writer: Mutex::new(()),
                 lease_writes_waiting: AtomicUsize::new(0),
                 writes_in_flight: tokio::sync::watch::Sender::new(0),
@@ -208,6 +219,7 @@ impl RedbStore {
                 released: Notify::new(),
                 bell,
                 watch,
+                rung,
                 releases_seen: AtomicU64::new(releases),
                 reopening: Mutex::new(None),
             }),
@@ -382,6 +394,53 @@ fn bell_path(path: &Path) -> PathBuf {
     let mut bell = path.as_os_str().to_owned();
     bell.push(".releases");
     PathBuf::from(bell)
+}
+
+/// The live lease records as the bell's watch thread read them right after the last ring,
+/// by key: a standby woken by a handover finds the record handed to it here
+/// ([`TtlStore::handed`]) instead of reading the file itself, which would take a trip to the
+/// blocking pool and back on the takeover's path. Read from the store, not from the bell (a
+/// plain file, which a torn read or a stray write could make name the wrong holder).
+#[derive(Clone, Default)]
+struct Rung(Arc<Mutex<HashMap<String, Lease>>>);
+
+impl Rung {
+    /// What the watch thread runs at each ring: reads the live records of the file (a few
+    /// rows) and keeps them, before the waiters hear of the ring. Its lock waits last at most
+    /// [`RING_READ_PATIENCE`]: a peer stopped while it holds a lock costs the waiters their
+    /// snapshot (they read for themselves), not their wake-up.
+    fn reader(&self, db: Arc<RwLock<Handle>>, clock: Arc<dyn Clock>) -> impl Fn() + Send + 'static {
+        let rung = self.clone();
+        move || {
+            let read = || -> Result<HashMap<String, Lease>, Fault> {
+                let handle = db.read().unwrap_or_else(PoisonError::into_inner).clone();
+                let txn = handle.begin_read()?;
+                let leases = txn.open_table(LEASES)?;
+                Ok(live_leases_under(&leases, "", clock.now())?
+                    .into_iter()
+                    .map(|(key, lease, _)| (key, lease))
+                    .collect())
+            };
+            let live = bounded_locks::capped(RING_READ_PATIENCE, read).unwrap_or_default();
+            *rung.0.lock().unwrap_or_else(PoisonError::into_inner) = live;
+        }
+    }
+
+    /// The record at `key` as read at the last ring, once, if it has not expired since.
+    fn take(&self, key: &str, now: Timestamp) -> Option<Record> {
+        let lease = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(key)?;
+        let time_left = lease.expires.left_from(now)?;
+        Some(Record {
+            value: lease.value,
+            term: lease.term,
+            time_left,
+            lives_at_least: time_left,
+        })
+    }
 }
 
 /// The release counter in `txn`'s snapshot; see [`RELEASES_KEY`].
@@ -590,6 +649,12 @@ impl TtlStore for RedbStore {
         Ok(outcome)
     }
 
+    /// As the bell's watch thread read it right after the ring that ended the last wait
+    /// ([`Rung`]).
+    fn handed(&self, key: &str) -> Option<Record> {
+        self.inner.rung.take(key, self.inner.clock.now())
+    }
+
     /// [`CANDIDACY_TTL`], or 4 leases if longer: a process stopped in the middle of a write
     /// keeps the file's write lock and stalls every other writer (the leader's renewals too)
     /// until it runs again, so a standby writes its candidacy once per campaign, in effect.
@@ -675,16 +740,15 @@ impl TtlStore for RedbStore {
     /// process, or after `max`.
     ///
     /// Across processes: every release (`compare_and_delete`, `hand_over`) bumps a counter
-    /// in its transaction, then rings the store's release bell ([`bell_path`]); a thread per
-    /// store watches the bell with inotify ([`FileWatch`]), and a ring ends the wait at once,
-    /// with no read of the file: only releases ring, and the caller reads the records next
-    /// anyway (a read of the counter first was a second read on a takeover's path, and one
-    /// that a peer holding the header lock could delay). inotify wakes a standby within a
-    /// millisecond or so of the releasing commit, with no polling while nothing happens. The
-    /// bell, not the store file, is watched: a waiter reading the file at each of the
-    /// leader's renewals would take the file's header lock several times a second, and a
-    /// waiter stopped (SIGSTOP) while it holds it stalls the leader's next commit. Without
-    /// inotify (watch limit reached, a
+    /// in its transaction, then rings the store's release bell ([`bell_path`]). A thread per
+    /// store watches the bell with inotify ([`FileWatch`]); at each ring it reads the live
+    /// records ([`Rung`], for [`TtlStore::handed`]) and then ends the wait. Only releases
+    /// ring, so the counter is not read first (that was a second read on a takeover's path).
+    /// inotify wakes a standby within a millisecond or so of the releasing commit, with no
+    /// polling while nothing happens. The bell, not the store file, is watched: a waiter
+    /// reading the file at each of the leader's renewals would take the file's header lock
+    /// several times a second, and a waiter stopped (SIGSTOP) while it holds it stalls the
+    /// leader's next commit; releases are rare. Without inotify (watch limit reached, a
     /// filesystem that does not report writes), or should a ring be missed (a process that
     /// died between its commit and its ring), the counter is also polled, every
     /// [`FALLBACK_POLL`] or [`SAFETY_POLL`].

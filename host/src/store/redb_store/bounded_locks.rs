@@ -9,6 +9,7 @@
 //! wait tries the lock without blocking, pausing between tries, and gives up after `patience`
 //! with a transient error, which the caller retries like any other.
 
+use std::cell::Cell;
 use std::io;
 use std::ops::Bound;
 use std::time::{Duration, Instant};
@@ -19,6 +20,21 @@ use redb::{BackendError, StorageBackend};
 /// The longest pause between two tries: a lock that is free again within a commit is taken
 /// at most this late; a try is one `fcntl`.
 const MAX_PAUSE: Duration = Duration::from_micros(200);
+
+thread_local! {
+    /// A bound below the store's patience for this thread's lock waits ([`capped`]).
+    static CAP: Cell<Option<Duration>> = const { Cell::new(None) };
+}
+
+/// Runs `f` with every lock wait of this thread bounded by `cap` as well: for work that may
+/// be skipped rather than wait on a stalled peer for the store's whole patience (the release
+/// bell's watch thread reading the records at a ring).
+pub(super) fn capped<T>(cap: Duration, f: impl FnOnce() -> T) -> T {
+    let before = CAP.replace(Some(cap));
+    let result = f();
+    CAP.set(before);
+    result
+}
 
 /// A [`FileBackend`] whose blocking lock calls wait at most `patience`.
 #[derive(Debug)]
@@ -34,20 +50,24 @@ impl BoundedLocks {
         Self { inner, patience }
     }
 
-    /// Tries `try_once` until it takes the lock or `patience` has passed.
+    /// Tries `try_once` until it takes the lock or `patience` (or this thread's cap) has
+    /// passed.
     fn wait(&self, try_once: impl Fn() -> Result<bool, BackendError>) -> Result<(), BackendError> {
+        let patience = CAP
+            .get()
+            .map_or(self.patience, |cap| cap.min(self.patience));
         let start = Instant::now();
         let mut pause = Duration::from_micros(10);
         loop {
             if try_once()? {
                 return Ok(());
             }
-            if start.elapsed() >= self.patience {
+            if start.elapsed() >= patience {
                 return Err(BackendError::Io(io::Error::new(
                     io::ErrorKind::TimedOut,
                     format!(
-                        "another process has held a lock on the store file for more than {:?}",
-                        self.patience
+                        "another process has held a lock on the store file for more than \
+                         {patience:?}"
                     ),
                 )));
             }

@@ -23,8 +23,9 @@ pub(super) struct FileWatch {
 }
 
 impl FileWatch {
-    /// Starts watching `path` for writes (and for being replaced or removed).
-    pub(super) fn start(path: &Path) -> io::Result<Self> {
+    /// Starts watching `path` for writes (and for being replaced or removed). `on_write`
+    /// runs on the watch thread after each burst of writes, before the waiters hear of it.
+    pub(super) fn start(path: &Path, on_write: impl Fn() + Send + 'static) -> io::Result<Self> {
         let inotify = inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK)?;
         // MODIFY: redb writes pages and headers with pwrite. The others: the file was
         // replaced or removed; waiters then look at the store rather than wait on.
@@ -43,7 +44,7 @@ impl FileWatch {
         let thread = std::thread::Builder::new()
             .name("redb-store-watch".into())
             .spawn(move || {
-                if let Err(e) = run(&inotify, &stop_rx, &tx) {
+                if let Err(e) = run(&inotify, &stop_rx, &tx, &on_write) {
                     // Dropping `tx` tells the waiters, who fall back to polling.
                     tracing::warn!(path = %name, error = %e, "redb store file watch ended");
                 }
@@ -74,8 +75,14 @@ impl Drop for FileWatch {
     }
 }
 
-/// Until `stop` is signalled: wait for inotify events, drain them, bump the counter.
-fn run(inotify: &OwnedFd, stop: &OwnedFd, tx: &watch::Sender<u64>) -> io::Result<()> {
+/// Until `stop` is signalled: wait for inotify events, drain them, run `on_write`, bump the
+/// counter.
+fn run(
+    inotify: &OwnedFd,
+    stop: &OwnedFd,
+    tx: &watch::Sender<u64>,
+    on_write: &dyn Fn(),
+) -> io::Result<()> {
     loop {
         let mut fds = [
             PollFd::new(inotify, PollFlags::IN),
@@ -91,6 +98,7 @@ fn run(inotify: &OwnedFd, stop: &OwnedFd, tx: &watch::Sender<u64>) -> io::Result
         }
         if !fds[0].revents().is_empty() {
             drain(inotify)?;
+            on_write();
             tx.send_modify(|n| *n = n.wrapping_add(1));
         }
     }
@@ -120,7 +128,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
         std::fs::write(&path, b"0").unwrap();
-        let watch = FileWatch::start(&path).unwrap();
+        let watch = FileWatch::start(&path, || {}).unwrap();
         let mut rx = watch.subscribe();
         let quiet = tokio::time::timeout(Duration::from_millis(100), rx.changed()).await;
         assert!(quiet.is_err(), "no write, no change");

@@ -337,13 +337,13 @@ async fn a_header_lock_held_by_a_stopped_peer_is_a_transient_error_not_a_hang() 
     assert!(renewed, "renewals go on once the peer lets go");
 }
 
-/// A ring of the release bell ends a wait at once, with no read of the store file: the waiter's
-/// caller reads the records next anyway, and on a takeover's path a read of the counter first
-/// was a second read, one that a peer holding the file's header lock (a process stopped in the
-/// middle of a commit) delays by up to the store's patience. Here the patience is a minute and
-/// the test waits ten seconds: a waiter that reads the store first cannot end in time.
+/// A ring of the release bell ends a wait at once, even while a peer holds the file's header
+/// lock (a process stopped in the middle of a commit): the wait does not read the release
+/// counter first, and the bell's watch thread reads the records for [`TtlStore::handed`]
+/// with a patience of its own of a few milliseconds. Here the store's patience is a minute and
+/// the test waits ten seconds: a waiter that waits out the lock cannot end in time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_ring_ends_the_wait_at_once_without_reading_the_store() {
+async fn a_ring_ends_the_wait_at_once_even_while_a_peer_holds_the_header_lock() {
     use std::ops::Bound;
 
     use redb::StorageBackend;
@@ -383,6 +383,76 @@ async fn a_ring_ends_the_wait_at_once_without_reading_the_store() {
         .unwrap()
         .close()
         .await;
+}
+
+/// A standby woken by a handover finds the record handed to it as the bell's watch thread read
+/// it from the file right after the ring: its campaign needs no read of its own on the
+/// takeover's path. Told once; a record that has expired since is not told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_woken_by_a_handover_is_told_its_record_as_read_at_the_ring() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let clock = ManualClock::default();
+    let shared: Arc<dyn Clock> = Arc::new(clock.clone());
+    let a = RedbStore::open_with_clock(&path, Arc::clone(&shared))
+        .await
+        .unwrap();
+    let b = RedbStore::open_with_clock(&path, shared).await.unwrap();
+    let t1 = a
+        .insert_if_absent("slot/1", "a", TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    b.insert_if_absent("cand/b", "b", TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    let waiter = tokio::spawn(async move {
+        b.wait_released(Duration::from_mins(5)).await;
+        b
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let handed = a
+        .hand_over("slot/1", "a", &Candidates::any("cand/"), TTL)
+        .await
+        .unwrap();
+    let HandOver::To { to, term } = handed else {
+        panic!("not handed over: {handed:?}");
+    };
+    assert_eq!(to, "b");
+    assert!(term > t1);
+    let b = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the ring ended the wait")
+        .unwrap();
+    let told = b
+        .handed("slot/1")
+        .expect("told the record read at the ring");
+    assert_eq!((told.value.as_str(), told.term), ("b", term));
+    assert_eq!(told.time_left, TTL, "the clock has not moved");
+    assert!(b.handed("slot/1").is_none(), "told once");
+    let read = b.get("slot/1").await.unwrap().unwrap();
+    assert_eq!((read.value, read.term), (told.value, told.term));
+
+    // Handed on to c, then the record expires before anyone asks: not told.
+    a.insert_if_absent("cand/c", "c", TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    let woken = tokio::spawn({
+        let a = a.clone();
+        async move { a.wait_released(Duration::from_mins(5)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let candidates = Candidates::any("cand/");
+    let handed = b.hand_over("slot/1", "b", &candidates, TTL).await.unwrap();
+    assert!(matches!(handed, HandOver::To { .. }), "{handed:?}");
+    tokio::time::timeout(Duration::from_secs(10), woken)
+        .await
+        .expect("the ring ended the wait")
+        .unwrap();
+    clock.advance(TTL);
+    assert!(a.handed("slot/1").is_none(), "expired since the ring");
 }
 
 /// `vvm-host status` opens the file read-only: no write lock (a writer holding it, or
