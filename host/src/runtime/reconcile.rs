@@ -10,6 +10,7 @@
 //! reconciliation in progress, so none outlives the shutdown sequence.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -45,8 +46,10 @@ pub(crate) async fn start(
         running: BTreeMap::new(),
         only,
         begin: CancellationToken::new(),
+        pending: Arc::default(),
     };
     let initial = reconciler.wanted(&catalogue.borrow_and_update());
+    reconciler.pending.store(initial.len(), Ordering::SeqCst);
     let started: Vec<_> = initial
         .values()
         .map_while(|svc| (!stop.is_cancelled()).then(|| reconciler.start(svc)))
@@ -95,6 +98,8 @@ struct Reconciler {
     /// instance: their guests wait for it ([`FirstStart::begin`]); those started later find
     /// it cancelled.
     begin: CancellationToken,
+    /// How many of those have no first instance yet ([`FirstStart::pending`]).
+    pending: Arc<AtomicUsize>,
 }
 
 impl Reconciler {
@@ -128,6 +133,7 @@ impl Reconciler {
         let first = FirstStart {
             created,
             begin: self.begin.clone(),
+            pending: Arc::clone(&self.pending),
         };
         let task = tokio::spawn(supervise(Arc::clone(&self.rt), Arc::clone(svc), env, first));
         let since = SystemTime::now()

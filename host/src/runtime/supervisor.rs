@@ -4,6 +4,7 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -45,6 +46,10 @@ pub(crate) struct FirstStart {
     /// threads, four pairs in two runs) against a mere yield: on-demand 4.2-4.7 -> 2.2-2.5 ms,
     /// pooling 3.1-4.1 -> 1.8-2.4 ms.
     pub begin: CancellationToken,
+    /// The services of that start whose first instance is not created yet: the last one to
+    /// be created does not wait for `begin`, so that a single service (a takeover) waits for
+    /// no other task.
+    pub pending: Arc<AtomicUsize>,
 }
 
 /// Runs `svc` until it returns, is stopped, or fails too often. `first` hears when the first
@@ -177,7 +182,14 @@ async fn run_once(
 async fn created(started: &mut Option<FirstStart>) {
     if let Some(first) = started.take() {
         let _ = first.created.send(());
-        first.begin.cancelled().await;
+        let counted = first
+            .pending
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        // The last one goes on; the others' begin stays the reconciler's, so that they do not
+        // compete with the end of the start.
+        if counted != Ok(1) {
+            first.begin.cancelled().await;
+        }
     }
 }
 
@@ -235,13 +247,21 @@ mod tests {
     use crate::runtime::env::tests::env;
     use crate::runtime::{RuntimeConfig, engine, host};
 
-    /// The first instance is created at once, but its guest begins only when told: until
-    /// then it has not said a word, even long after.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_first_instance_waits_for_the_begin_before_its_guest_runs() {
+    /// A supervised rust-ticker named `name` whose first start counts `pending` services
+    /// (itself included) still to be created: its task, its environment, the start's `begin`
+    /// and the signal of its first instance.
+    async fn ticker(
+        name: &str,
+        pending: usize,
+    ) -> (
+        tokio::task::JoinHandle<()>,
+        Arc<ServiceEnv>,
+        CancellationToken,
+        oneshot::Receiver<()>,
+    ) {
         logs::init();
         let dir = tempfile::tempdir().unwrap();
-        guests::install(dir.path(), &[("rust-ticker", "svc")]);
+        guests::install(dir.path(), &[("rust-ticker", name)]);
         let config = RuntimeConfig::new(dir.path());
         let engine = engine::build(&config).unwrap();
         let linker = host::linker(&engine).unwrap();
@@ -252,35 +272,69 @@ mod tests {
         };
         let svc = Arc::new(
             compiler
-                .load(&dir.path().join("svc.wasm"), &linker)
+                .load(&dir.path().join(format!("{name}.wasm")), &linker)
                 .unwrap(),
         );
         let rt = Arc::new(Runtime::start(config, engine).unwrap());
         let (_clock, env) = env().await;
+        let Ok(mut env) = Arc::try_unwrap(env) else {
+            unreachable!("a fresh environment has one owner")
+        };
+        env.name = name.into();
+        let env = Arc::new(env);
         let (created, was_created) = oneshot::channel();
         let begin = CancellationToken::new();
         let first = FirstStart {
             created,
             begin: begin.clone(),
+            pending: Arc::new(AtomicUsize::new(pending)),
         };
         let task = tokio::spawn(supervise(rt, svc, Arc::clone(&env), first));
+        (task, env, begin, was_created)
+    }
 
-        was_created.await.expect("the first instance is created");
-        // Without the wait, the ticker logs its first line right after its instantiation.
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        assert_eq!(logs::count("svc", "ticker started"), 0);
-
-        begin.cancel();
+    /// Waits (at most 10 s) until service `name` has logged `line` once.
+    async fn logged(name: &str, line: &str) {
         let since = std::time::Instant::now();
-        while logs::count("svc", "ticker started") == 0 {
+        while logs::count(name, line) == 0 {
             assert!(
                 since.elapsed() < Duration::from_secs(10),
-                "the guest never began"
+                "never logged {line:?}"
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+
+    /// The first instance is created at once, but while another service of the start has no
+    /// instance yet its guest begins only when told: until then it has not said a word, even
+    /// long after.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_first_instance_waits_for_the_begin_before_its_guest_runs() {
+        let (task, env, begin, was_created) = ticker("waits", 2).await;
+        was_created.await.expect("the first instance is created");
+        // Without the wait, the ticker logs its first line right after its instantiation.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(logs::count("waits", "ticker started"), 0);
+
+        begin.cancel();
+        logged("waits", "ticker started").await;
         env.stopping.cancel();
         task.await.unwrap();
-        assert_eq!(logs::count("svc", "ticker stopping"), 1);
+        assert_eq!(logs::count("waits", "ticker stopping"), 1);
+    }
+
+    /// The last service of a start to be created (the only one, on a takeover) begins at
+    /// once: it waits for no other task, while `begin` stays for the reconciler to give.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_last_first_instance_begins_at_once() {
+        let (task, env, begin, was_created) = ticker("last", 1).await;
+        was_created.await.expect("the first instance is created");
+        logged("last", "ticker started").await;
+        assert!(
+            !begin.is_cancelled(),
+            "the others' begin is the reconciler's"
+        );
+        env.stopping.cancel();
+        task.await.unwrap();
     }
 }
