@@ -445,7 +445,9 @@ impl Elections {
                 () = sleep(ttl / RENEW_DIVISOR) => {}
             }
         }
-        // A write stopped mid-way may land after this delete; the record then expires.
+        // A write stopped mid-way may land after this delete; the record then expires (on
+        // redb only after CANDIDACY_TTL), and no host of this process hands it a slot
+        // meanwhile (`vvm::can_take_over`).
         let withdraw = self.store.compare_and_delete(&key, &holder);
         if let Ok(Err(e)) = tokio::time::timeout(lease / RELEASE_DIVISOR, withdraw).await {
             tracing::debug!(key, error = %e, "withdrawing the candidacy failed; it will expire");

@@ -49,17 +49,21 @@ impl Default for VvmConfig {
 /// The pid tells processes on one machine apart, the nanos of the first call tell apart runs
 /// that reuse a pid, and `seq` counts calls so two VVMs in one process never share a value.
 pub fn holder_value() -> String {
-    static RUN: OnceLock<String> = OnceLock::new();
     static SEQ: AtomicU64 = AtomicU64::new(0);
-    let run = RUN.get_or_init(|| {
+    format!("{}/{}", this_run(), SEQ.fetch_add(1, Ordering::Relaxed))
+}
+
+/// This process's part of its holder values: node name, pid and start time.
+fn this_run() -> &'static str {
+    static RUN: OnceLock<String> = OnceLock::new();
+    RUN.get_or_init(|| {
         // No control characters: a newline ends the holder in a record's value (`lease_value`).
         let host = node_name();
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
         format!("{host}/{}/{nanos:x}", std::process::id())
-    });
-    format!("{run}/{}", SEQ.fetch_add(1, Ordering::Relaxed))
+    })
 }
 
 /// The prefix of the slots' lease records.
@@ -80,9 +84,19 @@ fn candidates() -> Candidates {
 
 /// Whether the host of `holder` (a [`holder_value`]) can take a lease over now: not when it
 /// runs on this machine and its process is stopped (SIGSTOP, a debugger) or gone; a stopped
-/// standby handed a slot would leave it idle until the record expires. A host on another
-/// machine, or whose process this one cannot see (another pid namespace), is taken as able.
+/// standby handed a slot would leave it idle until the record expires. Nor when it is a
+/// campaign of this very process: a process runs one campaign at a time and the releasing
+/// one has withdrawn its candidacy, so such a record is left over from an earlier campaign
+/// (a candidacy write still under way when its campaign ended lands after the delete). A
+/// host on another machine, or whose process this one cannot see (another pid namespace),
+/// is taken as able.
 pub fn can_take_over(holder: &str) -> bool {
+    if holder
+        .strip_prefix(this_run())
+        .is_some_and(|campaign| campaign.starts_with('/'))
+    {
+        return false;
+    }
     let mut parts = holder.rsplitn(4, '/');
     let (Some(_seq), Some(_nanos), Some(pid), Some(host)) =
         (parts.next(), parts.next(), parts.next(), parts.next())
@@ -711,6 +725,34 @@ mod tests {
         format!("{}/{pid}/1a2b/0", node_name())
     }
 
+    /// A candidacy left over from an earlier campaign of this process (its write landed
+    /// after the campaign withdrew it; on redb it would live an hour) is never handed a slot:
+    /// its holder is alive but no campaign of it waits. The release deletes the record, and
+    /// the slot is free at once.
+    #[tokio::test]
+    async fn a_left_over_candidacy_of_this_process_is_never_handed_a_slot() {
+        use crate::store::{HandOver, MemStore, TtlStore};
+        let store = MemStore::new(Arc::new(crate::clock::ManualClock::default()));
+        let left_over = holder_value();
+        let lease = Duration::from_secs(20);
+        store
+            .insert_if_absent(&format!("{CANDIDATE_PREFIX}{left_over}"), &left_over, lease)
+            .await
+            .unwrap()
+            .unwrap();
+        let leader = holder_value();
+        store
+            .insert_if_absent(&slot_key(1), &leader, lease)
+            .await
+            .unwrap()
+            .unwrap();
+        let handed = store
+            .hand_over(&slot_key(1), &leader, &candidates(), lease)
+            .await
+            .unwrap();
+        assert_eq!(handed, HandOver::Deleted);
+    }
+
     #[test]
     fn a_stopped_or_gone_local_process_cannot_take_over_any_other_can() {
         let mut child = std::process::Command::new("sleep")
@@ -739,6 +781,7 @@ mod tests {
         // Not ours to judge: another machine, or no pid in the value.
         assert!(can_take_over(&format!("elsewhere/{}/1a2b/0", child.id())));
         assert!(can_take_over("not a holder value"));
-        assert!(can_take_over(&holder_value()), "this process");
+        // A campaign of this process: left over, never handed a slot.
+        assert!(!can_take_over(&holder_value()), "this process");
     }
 }
