@@ -427,26 +427,27 @@ impl Elections {
                     .await
                     .map(|t| t.is_some())
             };
-            tokio::select! {
-                () = stop.cancelled() => break,
-                outcome = tokio::time::timeout(lease / ATTEMPT_DIVISOR, write) => {
-                    match outcome {
-                        Ok(Ok(true)) => written = true,
-                        Ok(Ok(false)) => written = false,
-                        Ok(Err(e)) => {
-                            tracing::debug!(key, error = %e, "standing as a candidate failed");
-                        }
-                        Err(_) => tracing::debug!(key, "standing as a candidate timed out"),
-                    }
+            // Not cut short by the stop: a write dropped mid-way could land after the delete
+            // below and leave the candidacy standing for a campaign that is over. It is
+            // bounded by its timeout.
+            match tokio::time::timeout(lease / ATTEMPT_DIVISOR, write).await {
+                Ok(Ok(true)) => written = true,
+                Ok(Ok(false)) => written = false,
+                Ok(Err(e)) => {
+                    tracing::debug!(key, error = %e, "standing as a candidate failed");
                 }
+                Err(_) => tracing::debug!(key, "standing as a candidate timed out"),
+            }
+            if stop.is_cancelled() {
+                break;
             }
             tokio::select! {
                 () = stop.cancelled() => break,
                 () = sleep(ttl / RENEW_DIVISOR) => {}
             }
         }
-        // A write stopped mid-way may land after this delete; the record then expires (on
-        // redb only after CANDIDACY_TTL), and no host of this process hands it a slot
+        // A write that timed out may still land after this delete; the record then expires
+        // (on redb only after CANDIDACY_TTL), and no host of this process hands it a slot
         // meanwhile (`vvm::can_take_over`).
         let withdraw = self.store.compare_and_delete(&key, &holder);
         if let Ok(Err(e)) = tokio::time::timeout(lease / RELEASE_DIVISOR, withdraw).await {

@@ -389,6 +389,29 @@ async fn shutdown_during_a_slow_service_stop_waits_for_it_and_ends_in_order() {
     assert_eq!(killer.deadline(), None);
 }
 
+/// A campaign that wins while its candidacy's first write is still under way withdraws the
+/// candidacy after that write has landed, so none is left standing for a campaign that is over
+/// (a releasing leader could hand it a slot nobody takes over). The write lands even if its
+/// caller stops waiting, as a redb write does.
+#[tokio::test(start_paused = true)]
+async fn a_campaign_that_wins_at_once_leaves_no_candidacy_behind() {
+    let mem = mem_store();
+    let journal = Journal::default();
+    let store = FaultyStore::new(mem.clone(), "a", &journal);
+    store.delay_candidacies(L / 20);
+    let services = RecordingServices::new("a", Behaviour::default(), &journal);
+    let vvm = Vvm::provide(config("a", 1), store.clone(), services).launch();
+    let mut state = vvm.state();
+    state
+        .wait_for(|s| matches!(s, VvmState::Leading { .. }))
+        .await
+        .unwrap();
+    sleep(L).await;
+    let candidacy = format!("{}a", vvm_host::vvm::CANDIDATE_PREFIX);
+    assert_eq!(mem.get(&candidacy).await.unwrap(), None, "left standing");
+    assert_eq!(vvm.shutdown().await, None);
+}
+
 /// The release's read-ahead (on etcd, the candidates it may hand the lease to) runs while the
 /// services stop, so the release after them is one write; and it never holds the release up:
 /// a read that does not answer is dropped once the services have stopped.

@@ -73,6 +73,8 @@ pub struct FaultyStore {
     defaults: Mutex<HashMap<Op, Fault>>,
     stall_all: Mutex<bool>,
     stalled_keys: Mutex<Vec<String>>,
+    /// How late candidacy inserts land, if at all ([`FaultyStore::delay_candidacies`]).
+    candidacy_delay: Mutex<Option<Duration>>,
     calls: Mutex<Vec<Call>>,
 }
 
@@ -86,6 +88,7 @@ impl FaultyStore {
             defaults: Mutex::default(),
             stall_all: Mutex::new(false),
             stalled_keys: Mutex::default(),
+            candidacy_delay: Mutex::default(),
             calls: Mutex::default(),
         })
     }
@@ -113,6 +116,12 @@ impl FaultyStore {
     /// From now on every call on `key` never answers.
     pub fn stall_key(&self, key: &str) {
         self.stalled_keys.lock().unwrap().push(key.to_owned());
+    }
+
+    /// From now on candidacy inserts land `d` late, and land even if their caller stopped
+    /// waiting (as a redb write does, run to its end on the blocking pool).
+    pub fn delay_candidacies(&self, d: Duration) {
+        *self.candidacy_delay.lock().unwrap() = Some(d);
     }
 
     pub fn calls(&self) -> Vec<Call> {
@@ -231,6 +240,15 @@ impl TtlStore for FaultyStore {
         value: &str,
         ttl: Duration,
     ) -> Result<Option<Term>, StoreError> {
+        let delay = *self.candidacy_delay.lock().unwrap();
+        if let Some(d) = delay.filter(|_| key.starts_with(CANDIDATE_PREFIX)) {
+            let (inner, key, value) = (self.inner.clone(), key.to_owned(), value.to_owned());
+            let landing = tokio::spawn(async move {
+                sleep(d).await;
+                inner.insert_if_absent(&key, &value, ttl).await
+            });
+            return landing.await.unwrap_or_else(|_| Err(transient()));
+        }
         self.run(
             Op::Insert,
             key,
