@@ -193,12 +193,7 @@ impl RedbStore {
         let bell = (!read_only).then(|| bell_path(&path));
         let watch = bell.as_deref().and_then(|bell| {
             let on_ring = rung.reader(Arc::clone(&db), Arc::clone(&clock));
-            let watched = std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(bell)
-                .and_then(|_| FileWatch::start(bell, on_ring));
+            let watched = open_bell(bell).and_then(|_| FileWatch::start(bell, on_ring));
             watched
                 .inspect_err(|e| {
                     tracing::warn!(path = %bell.display(), error = %e,
@@ -396,6 +391,16 @@ fn bell_path(path: &Path) -> PathBuf {
     PathBuf::from(bell)
 }
 
+/// The release bell at `bell`, opened for writing in place (created if missing): it is
+/// never truncated, so each ring is one write and one inotify event.
+fn open_bell(bell: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(bell)
+}
+
 /// The live lease records as the bell's watch thread read them right after the last ring,
 /// by key: a standby woken by a handover finds the record handed to it here
 /// ([`TtlStore::handed`]) instead of reading the file itself, which would take a trip to the
@@ -434,12 +439,7 @@ impl Rung {
             .unwrap_or_else(PoisonError::into_inner)
             .remove(key)?;
         let time_left = lease.expires.left_from(now)?;
-        Some(Record {
-            value: lease.value,
-            term: lease.term,
-            time_left,
-            lives_at_least: time_left,
-        })
+        Some(lease.into_record(time_left))
     }
 }
 
@@ -495,14 +495,8 @@ impl Inner {
     /// spurious wake-up of every waiter).
     fn ring(&self, releases: u64) {
         use std::os::unix::fs::FileExt;
-        let rung = |bell: &Path| {
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(bell)?
-                .write_all_at(format!("{releases:020}\n").as_bytes(), 0)
-        };
+        let rung =
+            |bell: &Path| open_bell(bell)?.write_all_at(format!("{releases:020}\n").as_bytes(), 0);
         if let Some(bell) = &self.bell
             && let Err(e) = rung(bell)
         {
@@ -668,14 +662,8 @@ impl TtlStore for RedbStore {
         let key = key.to_owned();
         self.read("get", move |txn, now| {
             let leases = txn.open_table(LEASES)?;
-            Ok(
-                live_lease(&leases, &key, now)?.map(|(lease, time_left)| Record {
-                    value: lease.value,
-                    term: lease.term,
-                    time_left,
-                    lives_at_least: time_left,
-                }),
-            )
+            Ok(live_lease(&leases, &key, now)?
+                .map(|(lease, time_left)| lease.into_record(time_left)))
         })
         .await
     }
@@ -686,15 +674,7 @@ impl TtlStore for RedbStore {
             let leases = txn.open_table(LEASES)?;
             let listed = live_leases_under(&leases, &prefix, now)?
                 .into_iter()
-                .map(|(key, lease, time_left)| {
-                    let record = Record {
-                        value: lease.value,
-                        term: lease.term,
-                        time_left,
-                        lives_at_least: time_left,
-                    };
-                    (key, record)
-                })
+                .map(|(key, lease, time_left)| (key, lease.into_record(time_left)))
                 .collect();
             Ok(listed)
         })

@@ -12,7 +12,7 @@ use redb::{
 use super::bounded_locks::BoundedLocks;
 use super::fault::Fault;
 use crate::clock::Timestamp;
-use crate::store::Term;
+use crate::store::{Record, Term};
 
 /// Lease records: key -> (holder value, term, expiry boot id, expiry nanoseconds since boot).
 pub(super) const LEASES: TableDefinition<&str, (&str, u64, u128, u64)> =
@@ -45,6 +45,19 @@ pub(super) struct Lease {
     pub(super) value: String,
     pub(super) term: Term,
     pub(super) expires: Timestamp,
+}
+
+impl Lease {
+    /// The record as the store contract reports it, with `time_left` of life: exact here, so
+    /// it is also the life it surely has.
+    pub(super) fn into_record(self, time_left: Duration) -> Record {
+        Record {
+            value: self.value,
+            term: self.term,
+            time_left,
+            lives_at_least: time_left,
+        }
+    }
 }
 
 /// Opens the file in multi-writer mode and checks (or, on a new file, writes) the schema.
