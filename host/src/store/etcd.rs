@@ -342,6 +342,55 @@ impl EtcdStore {
         (of == prefix && asked.elapsed() < PREPARED_FOR).then_some(listed)
     }
 
+    /// Hands `key`, if it holds `expected`, to the freshest eligible candidacy of `listed`
+    /// (the largest mod revision) in one transaction that also checks that candidacy is
+    /// unchanged. `None` if `listed` has no such candidacy or the transaction did not apply.
+    async fn hand_over_from(
+        &self,
+        key: &str,
+        expected: &str,
+        candidates: &Candidates,
+        listed: Vec<etcd_client::KeyValue>,
+    ) -> Result<Option<HandOver>, StoreError> {
+        let Some(candidate) = listed
+            .into_iter()
+            .filter(|kv| kv.lease() != 0 && kv.value_str().is_ok_and(|v| (candidates.eligible)(v)))
+            .max_by_key(etcd_client::KeyValue::mod_revision)
+        else {
+            return Ok(None);
+        };
+        let to = candidate.value_str().unwrap_or_default().to_owned();
+        let record = self.record_key(key);
+        let on_its_lease = PutOptions::new()
+            .with_lease(candidate.lease())
+            .with_prev_key();
+        let txn = Txn::new()
+            .when([
+                Compare::value(record.as_str(), CompareOp::Equal, expected),
+                Compare::mod_revision(candidate.key(), CompareOp::Equal, candidate.mod_revision()),
+            ])
+            .and_then([
+                TxnOp::put(record, to.as_str(), Some(on_its_lease)),
+                TxnOp::put(self.term_key(key), "", None),
+                TxnOp::delete(candidate.key(), None),
+            ]);
+        let response = self.txn("hand_over", key, txn).await?;
+        if !response.succeeded() {
+            return Ok(None);
+        }
+        // The transaction's own revision: the term key's mod revision.
+        let term = response
+            .header()
+            .map_or(0, etcd_client::ResponseHeader::revision);
+        self.written_on().remove(key);
+        tracing::debug!(key, to, term, "etcd record handed over");
+        self.revoke_if_empty(previous_lease(&response)).await;
+        Ok(Some(HandOver::To {
+            to,
+            term: u64::try_from(term).unwrap_or(0),
+        }))
+    }
+
     /// The record key of an etcd key under the record prefix, if it is one and UTF-8.
     fn record_name(&self, kv: &etcd_client::KeyValue) -> Option<String> {
         let full = kv.key_str().ok()?;
@@ -539,66 +588,22 @@ impl TtlStore for EtcdStore {
         candidates: &Candidates,
         _ttl: Duration,
     ) -> Result<HandOver, StoreError> {
-        const OP: &str = "hand_over";
-        let record = self.record_key(key);
         // Candidates read ahead, while the caller stopped its services, if that read is
-        // recent; a fresh read otherwise, or when that view finds no candidate or has gone
-        // stale (the transaction below fails): two tries at most.
-        let mut prepared = self.prepared_candidates(&candidates.prefix);
-        for last_try in [prepared.is_none(), true] {
-            let listed = match prepared.take() {
-                Some(listed) => listed,
-                None => self.candidates(&candidates.prefix).await?,
-            };
-            // The freshest: written last (the largest mod revision).
-            let freshest = listed
-                .into_iter()
-                .filter(|kv| {
-                    kv.lease() != 0 && kv.value_str().is_ok_and(|v| (candidates.eligible)(v))
-                })
-                .max_by_key(etcd_client::KeyValue::mod_revision);
-            let Some(candidate) = freshest else {
-                if last_try {
-                    break;
-                }
-                continue;
-            };
-            let to = candidate.value_str().unwrap_or_default().to_owned();
-            let on_its_lease = PutOptions::new()
-                .with_lease(candidate.lease())
-                .with_prev_key();
-            let txn = Txn::new()
-                .when([
-                    Compare::value(record.as_str(), CompareOp::Equal, expected),
-                    Compare::mod_revision(
-                        candidate.key(),
-                        CompareOp::Equal,
-                        candidate.mod_revision(),
-                    ),
-                ])
-                .and_then([
-                    TxnOp::put(record.as_str(), to.as_str(), Some(on_its_lease)),
-                    TxnOp::put(self.term_key(key), "", None),
-                    TxnOp::delete(candidate.key(), None),
-                ]);
-            let response = self.txn(OP, key, txn).await?;
-            if !response.succeeded() {
-                if last_try {
-                    break;
-                }
-                continue;
-            }
-            // The transaction's own revision: the term key's mod revision.
-            let term = response
-                .header()
-                .map_or(0, etcd_client::ResponseHeader::revision);
-            self.written_on().remove(key);
-            tracing::debug!(key, to, term, "etcd record handed over");
-            self.revoke_if_empty(previous_lease(&response)).await;
-            return Ok(HandOver::To {
-                to,
-                term: u64::try_from(term).unwrap_or(0),
-            });
+        // recent; then, if that view finds no candidate or has gone stale (its transaction
+        // fails), a fresh read; then the delete.
+        if let Some(listed) = self.prepared_candidates(&candidates.prefix)
+            && let Some(handed) = self
+                .hand_over_from(key, expected, candidates, listed)
+                .await?
+        {
+            return Ok(handed);
+        }
+        let listed = self.candidates(&candidates.prefix).await?;
+        if let Some(handed) = self
+            .hand_over_from(key, expected, candidates, listed)
+            .await?
+        {
+            return Ok(handed);
         }
         Ok(HandOver::deleted_if(
             self.compare_and_delete(key, expected).await?,
@@ -625,12 +630,7 @@ impl TtlStore for EtcdStore {
             .unwrap_or_else(PoisonError::into_inner)
             .remove(key)?;
         let (left, granted) = self.granted_left(kv.lease())?;
-        Some(Record {
-            value: kv.value_str().ok()?.to_owned(),
-            term: u64::try_from(term).unwrap_or(0),
-            time_left: upper_bound(left, granted),
-            lives_at_least: lower_bound(left),
-        })
+        Some(record(kv.value_str().ok()?, term, left, granted))
     }
 
     fn candidacy_ttl(&self, lease: Duration) -> Duration {
@@ -653,12 +653,7 @@ impl TtlStore for EtcdStore {
                     ForeignRecord("the record's value is not UTF-8"),
                 )
             })?;
-            return Ok(Some(Record {
-                value: value.to_owned(),
-                term: u64::try_from(term).unwrap_or(0),
-                time_left: upper_bound(left, granted),
-                lives_at_least: lower_bound(left),
-            }));
+            return Ok(Some(record(value, term, left, granted)));
         }
         Ok(None)
     }
@@ -695,13 +690,7 @@ impl TtlStore for EtcdStore {
             let (Some((ttl, granted)), Ok(value)) = (known, kv.value_str()) else {
                 continue;
             };
-            let record = Record {
-                value: value.to_owned(),
-                term: u64::try_from(term).unwrap_or(0),
-                time_left: upper_bound(ttl, granted),
-                lives_at_least: lower_bound(ttl),
-            };
-            listed.push((key, record));
+            listed.push((key, record(value, term, ttl, granted)));
         }
         Ok(listed)
     }
@@ -892,6 +881,17 @@ impl FencedKv for EtcdStore {
         let response = self.txn("kv_set", key, txn).await?;
         Ok(response.succeeded()
             || matches!(response.op_responses().first(), Some(TxnOpResponse::Txn(t)) if t.succeeded()))
+    }
+}
+
+/// A record with `value` and `term` on a lease with `left` whole seconds left of `granted`
+/// (etcd's figures): its time left between the two bounds below.
+fn record(value: &str, term: i64, left: i64, granted: i64) -> Record {
+    Record {
+        value: value.to_owned(),
+        term: u64::try_from(term).unwrap_or(0),
+        time_left: upper_bound(left, granted),
+        lives_at_least: lower_bound(left),
     }
 }
 
