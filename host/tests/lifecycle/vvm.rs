@@ -397,19 +397,14 @@ async fn shutdown_during_a_slow_service_stop_waits_for_it_and_ends_in_order() {
 async fn a_campaign_that_wins_at_once_leaves_no_candidacy_behind() {
     let mem = mem_store();
     let journal = Journal::default();
-    let store = FaultyStore::new(mem.clone(), "a", &journal);
-    store.delay_candidacies(L / 20);
-    let services = RecordingServices::new("a", Behaviour::default(), &journal);
-    let vvm = Vvm::provide(config("a", 1), store.clone(), services).launch();
-    let mut state = vvm.state();
-    state
-        .wait_for(|s| matches!(s, VvmState::Leading { .. }))
-        .await
-        .unwrap();
+    let h = launch(&mem, &journal, "a");
+    // Before the launcher's first step: the paused runtime has not run it yet.
+    h.store.delay_candidacies(L / 20);
+    leading(&h).await;
     sleep(L).await;
     let candidacy = format!("{}a", vvm_host::vvm::CANDIDATE_PREFIX);
     assert_eq!(mem.get(&candidacy).await.unwrap(), None, "left standing");
-    assert_eq!(vvm.shutdown().await, None);
+    assert_eq!(shut(h.vvm).await, None);
 }
 
 /// The release's read-ahead (on etcd, the candidates it may hand the lease to) runs while the
