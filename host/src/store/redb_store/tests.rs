@@ -189,15 +189,47 @@ async fn write_lock_held_by_another_writer_is_a_transient_busy_error() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_handles_share_records_and_a_release_wakes_the_other_handle() {
+/// Two handles of one fresh store file on `clock`, as two processes have them; the directory
+/// lives as long as the returned guard.
+async fn two_handles(clock: Arc<dyn Clock>) -> (TempDir, RedbStore, RedbStore) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.redb");
-    let clock: Arc<dyn Clock> = Arc::new(ManualClock::default());
     let a = RedbStore::open_with_clock(&path, Arc::clone(&clock))
         .await
         .unwrap();
     let b = RedbStore::open_with_clock(&path, clock).await.unwrap();
+    (dir, a, b)
+}
+
+/// Another open file description of the store at `path` holding the first byte of its header,
+/// as a process stopped in the middle of a commit does, until it lets go.
+struct StoppedPeer(redb::backends::FileBackend);
+
+impl StoppedPeer {
+    const HEADER: (std::ops::Bound<u64>, std::ops::Bound<u64>) =
+        (std::ops::Bound::Included(0), std::ops::Bound::Excluded(1));
+
+    fn holding_the_header(path: &Path) -> Self {
+        use redb::StorageBackend;
+        let file = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .open(path)
+            .unwrap();
+        let peer = redb::backends::FileBackend::new(file).unwrap();
+        peer.lock_range(Self::HEADER.0, Self::HEADER.1).unwrap();
+        Self(peer)
+    }
+
+    fn let_go(self) {
+        use redb::StorageBackend;
+        self.0.unlock_range(Self::HEADER.0, Self::HEADER.1).unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_handles_share_records_and_a_release_wakes_the_other_handle() {
+    let (_dir, a, b) = two_handles(Arc::new(ManualClock::default())).await;
     let term = a.insert_if_absent("1", "a", TTL).await.unwrap().unwrap();
     assert_eq!(b.get("1").await.unwrap().unwrap().term, term);
     assert_eq!(b.insert_if_absent("1", "b", TTL).await.unwrap(), None);
@@ -242,13 +274,7 @@ async fn two_handles_share_records_and_a_release_wakes_the_other_handle() {
 /// would have taken the release in and waited on through the ring.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_after_the_last_look_ends_the_wait_at_the_next_ring() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("store.redb");
-    let clock: Arc<dyn Clock> = Arc::new(ManualClock::default());
-    let a = RedbStore::open_with_clock(&path, Arc::clone(&clock))
-        .await
-        .unwrap();
-    let b = RedbStore::open_with_clock(&path, clock).await.unwrap();
+    let (dir, a, b) = two_handles(Arc::new(ManualClock::default())).await;
     a.insert_if_absent("1", "a", TTL).await.unwrap().unwrap();
     assert!(a.compare_and_delete("1", "a").await.unwrap());
     let waiter = tokio::spawn(async move { b.wait_released(Duration::from_mins(1)).await });
@@ -287,11 +313,6 @@ async fn wait_released_returns_after_max_without_a_release() {
 /// operation fails as transient, and succeeds again once the peer lets go.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_header_lock_held_by_a_stopped_peer_is_a_transient_error_not_a_hang() {
-    use std::ops::Bound;
-
-    use redb::StorageBackend;
-    use redb::backends::FileBackend;
-
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.redb");
     let clock: Arc<dyn Clock> = Arc::new(ManualClock::default());
@@ -303,16 +324,7 @@ async fn a_header_lock_held_by_a_stopped_peer_is_a_transient_error_not_a_hang() 
         .await
         .unwrap()
         .unwrap();
-    // Another open file description holding the first byte of the header, as a process
-    // stopped mid-commit does.
-    let file = std::fs::File::options()
-        .read(true)
-        .write(true)
-        .open(&path)
-        .unwrap();
-    let peer = FileBackend::new(file).unwrap();
-    let header = (Bound::Included(0), Bound::Excluded(1));
-    peer.lock_range(header.0, header.1).unwrap();
+    let peer = StoppedPeer::holding_the_header(&path);
 
     let renewal = tokio::time::timeout(
         Duration::from_secs(20),
@@ -324,7 +336,7 @@ async fn a_header_lock_held_by_a_stopped_peer_is_a_transient_error_not_a_hang() 
     assert!(e.is_transient(), "{e}");
     assert!(e.to_string().contains("held a lock"), "{e}");
 
-    peer.unlock_range(header.0, header.1).unwrap();
+    peer.let_go();
     // The failed commit may have spent the handle; the store reopens it on its own.
     let mut renewed = false;
     for _ in 0..50 {
@@ -344,11 +356,6 @@ async fn a_header_lock_held_by_a_stopped_peer_is_a_transient_error_not_a_hang() 
 /// the test waits ten seconds: a waiter that waits out the lock cannot end in time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ring_ends_the_wait_at_once_even_while_a_peer_holds_the_header_lock() {
-    use std::ops::Bound;
-
-    use redb::StorageBackend;
-    use redb::backends::FileBackend;
-
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.redb");
     let clock: Arc<dyn Clock> = Arc::new(ManualClock::default());
@@ -368,17 +375,10 @@ async fn a_ring_ends_the_wait_at_once_even_while_a_peer_holds_the_header_lock() 
     assert!(!waiter.is_finished(), "woke with no release");
     // A peer holds the header lock, as a process stopped inside a commit does, and the
     // bell rings (by hand: the test is about the waiter, not the release).
-    let file = std::fs::File::options()
-        .read(true)
-        .write(true)
-        .open(&path)
-        .unwrap();
-    let peer = FileBackend::new(file).unwrap();
-    let header = (Bound::Included(0), Bound::Excluded(1));
-    peer.lock_range(header.0, header.1).unwrap();
+    let peer = StoppedPeer::holding_the_header(&path);
     a.inner.ring(1);
     let woke = tokio::time::timeout(Duration::from_secs(10), waiter).await;
-    peer.unlock_range(header.0, header.1).unwrap();
+    peer.let_go();
     woke.expect("the ring ended the wait")
         .unwrap()
         .close()
@@ -390,14 +390,8 @@ async fn a_ring_ends_the_wait_at_once_even_while_a_peer_holds_the_header_lock() 
 /// takeover's path. Told once; a record that has expired since is not told.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_candidate_woken_by_a_handover_is_told_its_record_as_read_at_the_ring() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("store.redb");
     let clock = ManualClock::default();
-    let shared: Arc<dyn Clock> = Arc::new(clock.clone());
-    let a = RedbStore::open_with_clock(&path, Arc::clone(&shared))
-        .await
-        .unwrap();
-    let b = RedbStore::open_with_clock(&path, shared).await.unwrap();
+    let (_dir, a, b) = two_handles(Arc::new(clock.clone())).await;
     let t1 = a
         .insert_if_absent("slot/1", "a", TTL)
         .await
