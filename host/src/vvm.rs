@@ -566,9 +566,9 @@ impl Launcher {
         );
         let mut dead = DeadHolders::new(self.vvm.holder_locks.clone());
         // Slots held by another host at the last look, where a handover may reach us, and
-        // whether a release woke us since.
+        // whether a release, or a holder's exit, woke us since.
         let mut held_by_others = std::collections::HashSet::new();
-        let mut woken_by_release = false;
+        let mut may_be_handed = false;
         'round: loop {
             let mut wait = give_up_at.saturating_duration_since(Instant::now());
             // Listen for releases *before* looking at the slots: a release between our look
@@ -587,9 +587,10 @@ impl Launcher {
                     return Ok(None);
                 }
                 let key = slot_key(slot);
-                // Held by another at our last look and released since: its holder may have
-                // handed it to us, which a read tells without the write an insert attempt is.
-                if (woken_by_release || released_already) && handed_to_us.contains(&slot) {
+                // Held by another at our last look and released since (or its holder is gone):
+                // it may have been handed to us, which a read tells without the write an insert
+                // attempt is.
+                if (may_be_handed || released_already) && handed_to_us.contains(&slot) {
                     match self.take_over_if_ours(&key).await {
                         Ok(Some(leadership)) => return Ok(Some((slot, leadership))),
                         Ok(None) => {}
@@ -667,14 +668,16 @@ impl Launcher {
             crate::ops::Ops::global()
                 .health()
                 .step_due_in(wait, config.lease);
-            woken_by_release = false;
+            may_be_handed = false;
             tokio::select! {
                 () = self.shutdown.cancelled() => return Ok(None),
-                () = &mut released, if !released_already => woken_by_release = true,
+                () = &mut released, if !released_already => may_be_handed = true,
                 () = tokio::time::sleep(wait) => {}
-                // Its process is gone: look again at once (it deleted its record itself if it shut
-                // down in order, and the insert just wins; else the round below deletes it).
-                () = dead.next() => {}
+                // Its process is gone: look again at once. A holder that shut down in order
+                // released first, and lets go of its lock right after, often before we hear of
+                // the release: as after a release, look for a handover to us, then insert
+                // (a record deleted, the insert wins; a crashed holder's, the round deletes it).
+                () = dead.next() => may_be_handed = true,
             }
         }
     }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
 use vvm_host::clock::TokioClock;
+use vvm_host::holder_lock::HolderLockDir;
 use vvm_host::killer::{KILLER_EXIT_CODE, Killer};
 use vvm_host::problem::{Problem, ProblemReporter};
 use vvm_host::store::{MemStore, StoreError, TtlStore};
@@ -37,13 +38,24 @@ fn config(holder: &str, slots: u32) -> VvmConfig {
 }
 
 fn launch_with(mem: &MemStore, journal: &Journal, config: VvmConfig, b: Behaviour) -> Host {
-    let name = config.holder.clone();
-    let store = FaultyStore::new(mem.clone(), &name, journal);
-    let services = RecordingServices::new(&name, b, journal);
+    let store = FaultyStore::new(mem.clone(), &config.holder, journal);
+    launch_on(store, journal, config, b, None)
+}
+
+/// Launches a host on `store` (set up by the caller), with holder locks in `locks` if any.
+fn launch_on(
+    store: Arc<FaultyStore>,
+    journal: &Journal,
+    config: VvmConfig,
+    b: Behaviour,
+    locks: Option<Arc<HolderLockDir>>,
+) -> Host {
+    let services = RecordingServices::new(&config.holder, b, journal);
     let clock = TokioClock::new();
     let (fired, killer) = Killer::counting(Arc::new(clock.clone()));
     let vvm = Vvm::provide(config, store.clone(), services.clone())
         .with_clock_and_killer(Arc::new(clock), Arc::clone(&killer))
+        .with_holder_locks(locks)
         .launch();
     Host {
         vvm,
@@ -850,6 +862,58 @@ async fn a_graceful_leader_hands_its_slot_to_the_standby_in_its_one_release_writ
     );
     assert_eq!(shut(b.vvm).await, None);
     assert!(mem.get("slot/1").await.unwrap().is_none());
+}
+
+/// A standby that hears its leader is gone through the leader's holder lock (SPEC §4) before
+/// it hears of the release (here it never does) looks for a handover first: the slot handed
+/// to it just before the leader exited is taken over by a read, with no insert attempt (a
+/// write on the takeover's path). On real time: the lock is let go of by a thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_woken_by_its_leaders_lock_looks_for_a_handover_before_inserting() {
+    let mem = mem_store();
+    let journal = Journal::default();
+    let dir = tempfile::tempdir().unwrap();
+    let locks = Some(Arc::new(HolderLockDir::open(dir.path()).unwrap()));
+    let host = |name: &str| FaultyStore::new(mem.clone(), name, &journal);
+    let a = launch_on(
+        host("a"),
+        &journal,
+        config("a", 1),
+        Behaviour::default(),
+        locks.clone(),
+    );
+    leading(&a).await;
+    let b_store = host("b");
+    b_store.deafen();
+    let b = launch_on(
+        b_store,
+        &journal,
+        config("b", 1),
+        Behaviour::default(),
+        locks,
+    );
+    // b stands as a candidate and has seen a's record (and so waits on a's lock).
+    while mem.list("candidate/").await.unwrap().is_empty()
+        || !b.store.calls_of(Op::Get).iter().any(|c| c.end.is_some())
+    {
+        sleep(MS).await;
+    }
+    let released = Instant::now();
+    shut(a.vvm).await;
+    tokio::time::timeout(L / 4, leading(&b))
+        .await
+        .expect("b took over at once, not at the record's expiry");
+    let late_inserts: Vec<_> = b
+        .store
+        .calls_of(Op::Insert)
+        .into_iter()
+        .filter(|c| c.key == "slot/1" && c.start >= released)
+        .collect();
+    assert!(
+        late_inserts.is_empty(),
+        "b tried to insert: {late_inserts:?}"
+    );
+    assert_eq!(shut(b.vvm).await, None);
 }
 
 #[tokio::test(start_paused = true)]

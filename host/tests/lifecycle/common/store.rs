@@ -72,6 +72,8 @@ pub struct FaultyStore {
     scripts: Mutex<HashMap<Op, VecDeque<Fault>>>,
     defaults: Mutex<HashMap<Op, Fault>>,
     stall_all: Mutex<bool>,
+    /// Releases never end a wait ([`FaultyStore::deafen`]).
+    deaf: Mutex<bool>,
     stalled_keys: Mutex<Vec<String>>,
     /// How late candidacy inserts land, if at all ([`FaultyStore::delay_candidacies`]).
     candidacy_delay: Mutex<Option<Duration>>,
@@ -87,6 +89,7 @@ impl FaultyStore {
             scripts: Mutex::default(),
             defaults: Mutex::default(),
             stall_all: Mutex::new(false),
+            deaf: Mutex::new(false),
             stalled_keys: Mutex::default(),
             candidacy_delay: Mutex::default(),
             calls: Mutex::default(),
@@ -111,6 +114,11 @@ impl FaultyStore {
     /// From now on every call, of every operation, never answers.
     pub fn stall_everything(&self) {
         *self.stall_all.lock().unwrap() = true;
+    }
+
+    /// From now on no release ends a wait (a waiter that misses the news, or hears of it late).
+    pub fn deafen(&self) {
+        *self.deaf.lock().unwrap() = true;
     }
 
     /// From now on every call on `key` never answers.
@@ -337,7 +345,7 @@ impl TtlStore for FaultyStore {
     }
 
     async fn wait_released(&self, max: Duration) {
-        if *self.stall_all.lock().unwrap() {
+        if *self.stall_all.lock().unwrap() || *self.deaf.lock().unwrap() {
             return std::future::pending().await;
         }
         self.inner.wait_released(max).await;
