@@ -12,6 +12,8 @@
 //!   SIGINT to the leader (on which it resigns) to the standby printing its proposal (read
 //!   from its stdout).
 //!
+//! The three graceful kinds are measured round by round in turn (redb, etcd, `etcdctl
+//! elect`, then again), so that the machine's drift over a run falls on all of them alike.
 //! Prints median, p90 and min of each, the vvm-host / `etcdctl elect` ratios of the medians,
 //! then the graceful takeover split into its steps.
 
@@ -32,6 +34,8 @@ const BIN: &str = env!("CARGO_BIN_EXE_vvm-host");
 const RUNS: usize = 15;
 /// Store operations timed per backend, after a tenth as many to warm up.
 const OPS: usize = 300;
+/// Lease of the graceful runs.
+const LEASE: &str = "2s";
 /// How long a new standby may settle into waiting before the leader is stopped.
 const SETTLE: Duration = Duration::from_millis(150);
 /// Lease of the SIGKILL runs on redb: the default, so waiting it out would cost up to 20 s.
@@ -57,14 +61,17 @@ enum Role {
 fn main() {
     let etcd = EtcdServer::start();
     let etcd_url = etcd.as_ref().map(|e| format!("etcd://{}", e.endpoint()));
-    let redb_dir = cluster_dir();
-    let graceful_redb = graceful(redb_dir.path(), "vvm.redb", "2s");
-    let etcd_dir = cluster_dir();
-    let graceful_etcd = etcd_url
-        .as_deref()
-        .map(|url| graceful(etcd_dir.path(), url, "2s"));
+    let (redb_dir, etcd_dir) = (cluster_dir(), cluster_dir());
+    let Graceful {
+        redb: graceful_redb,
+        etcd: graceful_etcd,
+        etcdctl,
+    } = graceful_side_by_side(
+        redb_dir.path(),
+        etcd_url.as_deref().map(|url| (etcd_dir.path(), url)),
+        etcd.as_ref().map(EtcdServer::endpoint).as_deref(),
+    );
     let killed = sigkill_redb(cluster_dir().path());
-    let etcdctl = etcd.as_ref().and_then(|e| etcdctl_elect(&e.endpoint()));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -156,43 +163,118 @@ struct Takeover {
     steps: Vec<Duration>,
 }
 
-/// Hands the lead back and forth between two hosts `RUNS + 1` times by SIGTERM.
-fn graceful(dir: &Path, store: &str, lease: &str) -> Vec<Takeover> {
-    let mut leader = serve("a", dir, store, lease);
-    leader.wait_for(&["ticker started"]);
-    let mut runs = Vec::new();
+/// The graceful takeovers of vvm-host on redb, on etcd (`etcd`: its cluster directory and
+/// store URL) and of `etcdctl elect` (on the etcd at `endpoint`), interleaved round by round:
+/// the machine's speed drifts over a run, and each ratio must compare like with like. One
+/// warm-up round each, then [`RUNS`].
+fn graceful_side_by_side(
+    redb: &Path,
+    etcd: Option<(&Path, &str)>,
+    endpoint: Option<&str>,
+) -> Graceful {
+    let mut on_redb = VvmChain::start(redb, "vvm.redb");
+    let mut on_etcd = etcd.map(|(dir, url)| VvmChain::start(dir, url));
+    let mut elect = endpoint.and_then(ElectChain::start);
+    let (mut redb_runs, mut etcd_runs, mut elect_runs) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..=RUNS {
-        let name = if i % 2 == 0 { "b" } else { "a" };
-        let standby = serve(name, dir, store, lease);
+        let r = on_redb.hand_over();
+        let e = on_etcd.as_mut().map(VvmChain::hand_over);
+        // `etcdctl` gone mid-run: its row is left out, the others go on.
+        let x = elect.as_mut().and_then(ElectChain::hand_over);
+        if elect.is_some() && x.is_none() {
+            elect = None;
+            elect_runs.clear();
+        }
+        if i > 0 {
+            redb_runs.push(r);
+            etcd_runs.extend(e);
+            elect_runs.extend(x);
+        }
+    }
+    on_redb.stop();
+    Graceful {
+        redb: redb_runs,
+        etcd: on_etcd.map(|chain| {
+            chain.stop();
+            etcd_runs
+        }),
+        etcdctl: elect.map(|chain| {
+            chain.stop();
+            elect_runs
+        }),
+    }
+}
+
+/// The graceful takeovers of one run: vvm-host on redb, on etcd, and `etcdctl elect` (if
+/// there was an etcd, and `etcdctl`).
+struct Graceful {
+    redb: Vec<Takeover>,
+    etcd: Option<Vec<Takeover>>,
+    etcdctl: Option<Vec<Duration>>,
+}
+
+/// vvm-host's lead handed back and forth between two hosts by SIGTERM, on one store.
+struct VvmChain<'a> {
+    dir: &'a Path,
+    store: &'a str,
+    leader: Host,
+    handed: usize,
+}
+
+impl<'a> VvmChain<'a> {
+    /// Starts the first leader and waits for its guest.
+    fn start(dir: &'a Path, store: &'a str) -> Self {
+        let leader = serve("a", dir, store, LEASE);
+        leader.wait_for(&["ticker started"]);
+        Self {
+            dir,
+            store,
+            leader,
+            handed: 0,
+        }
+    }
+
+    /// Starts a standby, lets it settle, stops the leader: the gap and its steps.
+    fn hand_over(&mut self) -> Takeover {
+        let name = if self.handed.is_multiple_of(2) {
+            "b"
+        } else {
+            "a"
+        };
+        self.handed += 1;
+        let standby = serve(name, self.dir, self.store, LEASE);
         standby.wait_for(&["campaigning"]);
         std::thread::sleep(SETTLE);
-        let (from_leader, from_standby) = (leader.mark(), standby.mark());
+        let (from_leader, from_standby) = (self.leader.mark(), standby.mark());
         let sent = SystemTime::now();
-        leader.signal(Signal::TERM);
+        self.leader.signal(Signal::TERM);
         let (_, first) = standby.wait_for_from(from_standby, &["ticker started"]);
-        assert!(leader.wait_exit().success(), "the leader failed to exit");
+        assert!(
+            self.leader.wait_exit().success(),
+            "the leader failed to exit"
+        );
         let steps = STEPS
             .iter()
             .map(|(role, message, target)| {
                 let (host, from) = match role {
-                    Role::Leader => (&leader, from_leader),
+                    Role::Leader => (&self.leader, from_leader),
                     Role::Standby => (&standby, from_standby),
                 };
                 let line = find(host, from, message, target);
                 since(at(&line), sent)
             })
             .collect();
-        if i > 0 {
-            runs.push(Takeover {
-                gap: since(at(&first), sent),
-                steps,
-            });
+        self.leader = standby;
+        Takeover {
+            gap: since(at(&first), sent),
+            steps,
         }
-        leader = standby;
     }
-    leader.signal(Signal::TERM);
-    leader.wait_exit();
-    runs
+
+    fn stop(mut self) {
+        self.leader.signal(Signal::TERM);
+        self.leader.wait_exit();
+    }
 }
 
 /// One SIGKILL takeover: the gap, and how long the killed leader's record had left.
@@ -237,62 +319,90 @@ fn sigkill_redb(dir: &Path) -> Vec<Killed> {
     runs
 }
 
-/// Hands an `etcdctl elect` leadership back and forth `RUNS + 1` times on the etcd at
-/// `endpoint`: the gap from SIGINT to the leader until the standby prints its proposal.
-/// `None` without `etcdctl` on PATH.
-fn etcdctl_elect(endpoint: &str) -> Option<Vec<Duration>> {
-    let elect = |value: &str| -> Option<(Child, mpsc::Receiver<(Instant, String)>)> {
-        let mut child = Command::new("etcdctl")
-            .args(["--endpoints", endpoint, "elect", "vvm-bench", value])
-            .env("ETCDCTL_API", "3")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .ok()?;
-        let stdout = child.stdout.take()?;
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send((Instant::now(), line)).is_err() {
-                    return;
-                }
+/// An `etcdctl elect` leadership handed back and forth on the etcd at `endpoint`: the gap from
+/// SIGINT to the leader (on which it resigns) until the standby prints its proposal.
+struct ElectChain {
+    endpoint: String,
+    leader: Elector,
+    handed: usize,
+}
+
+/// One `etcdctl elect` process and the lines of its stdout, each with when it was read.
+type Elector = (Child, mpsc::Receiver<(Instant, String)>);
+
+impl ElectChain {
+    /// The first leader, elected; `None` without `etcdctl` on PATH.
+    fn start(endpoint: &str) -> Option<Self> {
+        let leader = elect(endpoint, "a")?;
+        elected(&leader.1, "a");
+        Some(Self {
+            endpoint: endpoint.to_owned(),
+            leader,
+            handed: 0,
+        })
+    }
+
+    /// Starts a standby, lets it settle, stops the leader: the gap (`None` if `etcdctl`
+    /// could not be run or signalled).
+    fn hand_over(&mut self) -> Option<Duration> {
+        let value = if self.handed.is_multiple_of(2) {
+            "b"
+        } else {
+            "a"
+        };
+        self.handed += 1;
+        let standby = elect(&self.endpoint, value)?;
+        std::thread::sleep(SETTLE);
+        let pid = rustix::process::Pid::from_raw(i32::try_from(self.leader.0.id()).ok()?)?;
+        let sent = Instant::now();
+        // SIGINT: etcdctl resigns on it; SIGTERM would end it without a word, leaving its
+        // session to expire.
+        rustix::process::kill_process(pid, Signal::INT).ok()?;
+        let won = elected(&standby.1, value);
+        let _ = self.leader.0.wait();
+        self.leader = standby;
+        Some(won.duration_since(sent))
+    }
+
+    fn stop(mut self) {
+        let _ = self.leader.0.kill();
+        let _ = self.leader.0.wait();
+    }
+}
+
+/// `etcdctl elect` campaigning with `value` on the etcd at `endpoint`.
+fn elect(endpoint: &str, value: &str) -> Option<Elector> {
+    let mut child = Command::new("etcdctl")
+        .args(["--endpoints", endpoint, "elect", "vvm-bench", value])
+        .env("ETCDCTL_API", "3")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    let stdout = child.stdout.take()?;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send((Instant::now(), line)).is_err() {
+                return;
             }
-        });
-        Some((child, rx))
-    };
-    // It prints the proposal's key, then its value: the value line means elected.
-    let elected = |rx: &mpsc::Receiver<(Instant, String)>, value: &str| loop {
+        }
+    });
+    Some((child, rx))
+}
+
+/// When the elector printed `value`: it prints the proposal's key, then its value, once
+/// elected.
+fn elected(rx: &mpsc::Receiver<(Instant, String)>, value: &str) -> Instant {
+    loop {
         let (at, line) = rx
             .recv_timeout(Duration::from_mins(1))
             .expect("etcdctl elect did not win");
         if line == value {
             return at;
         }
-    };
-    let (mut leader, mut leader_rx) = elect("a")?;
-    elected(&leader_rx, "a");
-    let mut runs = Vec::new();
-    for i in 0..=RUNS {
-        let value = if i % 2 == 0 { "b" } else { "a" };
-        let (standby, standby_rx) = elect(value)?;
-        std::thread::sleep(SETTLE);
-        let pid = rustix::process::Pid::from_raw(i32::try_from(leader.id()).ok()?)?;
-        let sent = Instant::now();
-        // SIGINT: etcdctl resigns on it; SIGTERM would end it without a word, leaving its
-        // session to expire.
-        rustix::process::kill_process(pid, Signal::INT).ok()?;
-        let won = elected(&standby_rx, value);
-        let _ = leader.wait();
-        drop(leader_rx);
-        if i > 0 {
-            runs.push(won.duration_since(sent));
-        }
-        (leader, leader_rx) = (standby, standby_rx);
     }
-    let _ = leader.kill();
-    let _ = leader.wait();
-    Some(runs)
 }
 
 /// Acquire (`insert_if_absent`) and renew (`compare_and_swap`) on redb and, when available,
