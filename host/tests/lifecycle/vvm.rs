@@ -892,12 +892,15 @@ async fn a_standby_woken_by_its_leaders_lock_looks_for_a_handover_before_inserti
         Behaviour::default(),
         locks,
     );
-    // b stands as a candidate and has seen a's record (and so waits on a's lock).
+    // b stands as a candidate and has read a's record; it starts waiting on a's lock right
+    // after the read, with no await between (given 100 ms here: a lock gone before the wait
+    // began would not be heard of at all).
     while mem.list("candidate/").await.unwrap().is_empty()
         || !b.store.calls_of(Op::Get).iter().any(|c| c.end.is_some())
     {
         sleep(MS).await;
     }
+    sleep(MS * 100).await;
     let released = Instant::now();
     shut(a.vvm).await;
     tokio::time::timeout(L / 4, leading(&b))
