@@ -179,10 +179,12 @@ fn graceful_side_by_side(
     for i in 0..=RUNS {
         let r = on_redb.hand_over();
         let e = on_etcd.as_mut().map(VvmChain::hand_over);
-        // `etcdctl` gone mid-run: its row is left out, the others go on.
+        // `etcdctl` failed mid-run: its row is left out, the others go on.
         let x = elect.as_mut().and_then(ElectChain::hand_over);
-        if elect.is_some() && x.is_none() {
-            elect = None;
+        if x.is_none()
+            && let Some(chain) = elect.take()
+        {
+            chain.stop();
             elect_runs.clear();
         }
         if i > 0 {
@@ -351,13 +353,19 @@ impl ElectChain {
             "a"
         };
         self.handed += 1;
-        let standby = elect(&self.endpoint, value)?;
+        let mut standby = elect(&self.endpoint, value)?;
         std::thread::sleep(SETTLE);
-        let pid = rustix::process::Pid::from_raw(i32::try_from(self.leader.0.id()).ok()?)?;
+        let pid = i32::try_from(self.leader.0.id())
+            .ok()
+            .and_then(rustix::process::Pid::from_raw);
         let sent = Instant::now();
         // SIGINT: etcdctl resigns on it; SIGTERM would end it without a word, leaving its
         // session to expire.
-        rustix::process::kill_process(pid, Signal::INT).ok()?;
+        if pid.is_none_or(|pid| rustix::process::kill_process(pid, Signal::INT).is_err()) {
+            let _ = standby.0.kill();
+            let _ = standby.0.wait();
+            return None;
+        }
         let won = elected(&standby.1, value);
         let _ = self.leader.0.wait();
         self.leader = standby;
