@@ -465,16 +465,15 @@ impl Launcher {
         {
             if let Some(services) = services {
                 // Meanwhile, the release's read (if its store has one) runs: dropped unfinished
-                // once the services have stopped, the release then reads for itself.
-                let stop = services.stop();
-                let prepare = self.elections.prepare_release();
-                tokio::pin!(stop, prepare);
-                let mut prepared = false;
-                loop {
-                    tokio::select! {
-                        () = &mut stop => break,
-                        () = &mut prepare, if !prepared => prepared = true,
-                    }
+                // once the services have stopped, the release then reads for itself. Done or
+                // not, only the services' stop ends this wait.
+                let prepare = async {
+                    self.elections.prepare_release().await;
+                    std::future::pending::<()>().await;
+                };
+                tokio::select! {
+                    () = services.stop() => {}
+                    () = prepare => {}
                 }
                 tracing::info!("services stopped");
             }

@@ -69,9 +69,9 @@ pub struct EtcdStore {
     /// The candidates read ahead of a handover ([`TtlStore::prepare_hand_over`]): their
     /// prefix, when the read began, and what it found.
     prepared: Mutex<Option<(String, tokio::time::Instant, Vec<etcd_client::KeyValue>)>>,
-    /// The records that the releases ending the last wait handed over, by name, with their
-    /// terms, as the watch saw them ([`TtlStore::handed`]).
-    handed: Mutex<HashMap<String, (etcd_client::KeyValue, i64)>>,
+    /// The records that the releases ending the last wait handed over, by name, as the watch
+    /// saw them ([`TtlStore::handed`]); each one's mod revision is its term.
+    handed: Mutex<HashMap<String, etcd_client::KeyValue>>,
 }
 
 /// How long candidates read ahead of a handover may stand in for a read at the handover.
@@ -624,13 +624,18 @@ impl TtlStore for EtcdStore {
     }
 
     fn handed(&self, key: &str) -> Option<Record> {
-        let (kv, term) = self
+        let kv = self
             .handed
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(key)?;
         let (left, granted) = self.granted_left(kv.lease())?;
-        Some(record(kv.value_str().ok()?, term, left, granted))
+        Some(record(
+            kv.value_str().ok()?,
+            kv.mod_revision(),
+            left,
+            granted,
+        ))
     }
 
     fn candidacy_ttl(&self, lease: Duration) -> Duration {
@@ -787,7 +792,7 @@ impl EtcdStore {
             .filter(|kv| deleted_at.contains(&kv.mod_revision()))
         {
             if let Some(name) = self.record_name(kv) {
-                handed.insert(name, (kv.clone(), kv.mod_revision()));
+                handed.insert(name, kv.clone());
             }
         }
     }
