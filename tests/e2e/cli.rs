@@ -78,6 +78,39 @@ fn check_names_every_bad_file_and_exits_non_zero() {
     assert!(text.contains("2 ok, 2 bad"), "{text}");
 }
 
+/// Bad input gets one line that names the thing and gives the reason once. The error types
+/// carry their cause in their own message (log fields show only that), so the causes printed
+/// after it must not say it again.
+#[test]
+fn bad_input_is_one_line_that_gives_each_reason_once() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("garbage.redb"), "not a database\n").unwrap();
+    let cases: [(&[&str], &str); 6] = [
+        (&["serve", "--store", "/"], "Is a directory"),
+        (
+            &["status", "--store", "garbage.redb"],
+            "Not a redb database",
+        ),
+        (&["serve", "--services", "/dev/null"], "Not a directory"),
+        (&["check", "missing"], "No such file or directory"),
+        (
+            &["serve", "--config", "missing.toml"],
+            "No such file or directory",
+        ),
+        (&["serve", "--store", "etcd://"], "names no endpoint"),
+    ];
+    for (args, reason) in cases {
+        let (ok, text) = run(dir.path(), args);
+        assert!(!ok, "{args:?} succeeded: {text}");
+        let errors: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("vvm-host: error: "))
+            .collect();
+        assert_eq!(errors.len(), 1, "{args:?}: {text}");
+        assert_eq!(errors[0].matches(reason).count(), 1, "{args:?}: {text}");
+    }
+}
+
 #[test]
 fn a_second_signal_during_shutdown_exits_at_once() {
     let dir = cluster_dir();

@@ -298,10 +298,28 @@ pub async fn run(cli: Cli) -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             // One clear line, then a non-zero exit.
-            eprintln!("vvm-host: error: {e:#}");
+            eprintln!("vvm-host: error: {}", one_line(&e));
             ExitCode::from(EXIT_SETUP)
         }
     }
+}
+
+/// `e` and its causes as `error: cause: cause`, each said once. The error types here end
+/// their own message with their cause (a log field shows only the message), so a cause that
+/// the line already ends with is not repeated.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.ends_with(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
 }
 
 #[cfg(test)]
@@ -447,5 +465,18 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A cause that the message already ends with is said once; one that adds to it is kept.
+    #[test]
+    fn one_line_says_each_cause_once() {
+        let io = || std::io::Error::new(std::io::ErrorKind::NotFound, "gone");
+        let repeated = anyhow::Error::new(crate::config::ConfigError::Read {
+            path: "vvm.toml".into(),
+            source: io(),
+        });
+        assert_eq!(one_line(&repeated), "config file vvm.toml: gone");
+        let added = anyhow::Error::new(io()).context("reading the lease");
+        assert_eq!(one_line(&added), "reading the lease: gone");
     }
 }
