@@ -110,6 +110,23 @@ fn services_are_added_replaced_and_removed_while_serving() {
     assert!(later > rejected);
     assert!(lines_with(&a, mark, &["service removed"]).is_empty());
 
+    // Replaced with a file far past any component's size (sparse: it takes no disk): refused
+    // by its size, unread, and the counter keeps counting.
+    let mark = a.mark();
+    std::fs::File::create(&file)
+        .unwrap()
+        .set_len(64 << 30)
+        .unwrap();
+    let (rejected, line) = a.wait_for_from(mark, &["service rejected", &tag("svc")]);
+    assert!(
+        line.text.contains("svc.wasm") && line.text.contains("too large"),
+        "names the file and the reason: {}",
+        line.text
+    );
+    let (later, _) = a.wait_for_from(rejected + 1, &[&tag("svc"), "count "]);
+    assert!(later > rejected);
+    assert!(lines_with(&a, mark, &["service removed"]).is_empty());
+
     // Removed: stopped, and nothing of it runs any more.
     let mark = a.mark();
     std::fs::remove_file(&file).unwrap();

@@ -51,6 +51,15 @@ pub enum LoadErrorKind {
     /// The file could not be read.
     #[error("cannot read: {0}")]
     Read(#[source] std::io::Error),
+    /// The file is not a regular file (a FIFO, a device): it is never opened for reading.
+    #[error("not a regular file")]
+    NotAFile,
+    /// The file is larger than any component is let be ([`MAX_COMPONENT_BYTES`]).
+    #[error("too large: {size} bytes; a component may be at most {MAX_COMPONENT_BYTES} bytes")]
+    TooLarge {
+        /// The file's size.
+        size: u64,
+    },
     /// The file is not a WebAssembly component (empty, a core module): its header says so.
     #[error("not a valid component: {0}")]
     Invalid(String),
@@ -121,6 +130,43 @@ pub(crate) fn service_name(path: &Path) -> Option<String> {
     (!name.is_empty() && !temporary).then(|| name.to_owned())
 }
 
+/// The largest service file read, 256 MiB: more than ten times the largest guest of the
+/// examples (Python, ~18 MB). A larger file is refused by its size, unread, so a stray one
+/// (a disk image, a sparse file) costs neither the memory nor the time of reading it.
+pub const MAX_COMPONENT_BYTES: u64 = 256 << 20;
+
+/// The bytes of service file `path`, which must be a regular file of at most
+/// [`MAX_COMPONENT_BYTES`]. Opened without blocking, so a FIFO put in its place is refused
+/// rather than waited on.
+pub(crate) fn read_service_file(path: &Path) -> Result<Vec<u8>, LoadErrorKind> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits().cast_signed())
+        .open(path)
+        .map_err(LoadErrorKind::Read)?;
+    let meta = file.metadata().map_err(LoadErrorKind::Read)?;
+    if !meta.is_file() {
+        return Err(LoadErrorKind::NotAFile);
+    }
+    let too_large = |size| LoadErrorKind::TooLarge { size };
+    if meta.len() > MAX_COMPONENT_BYTES {
+        return Err(too_large(meta.len()));
+    }
+    let mut bytes = Vec::new();
+    // One byte more than the limit tells a file that grew past it while being read.
+    file.take(MAX_COMPONENT_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(LoadErrorKind::Read)?;
+    let read = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
+    if read > MAX_COMPONENT_BYTES {
+        return Err(too_large(read));
+    }
+    Ok(bytes)
+}
+
 /// The service files of `dir` (see [`service_name`]), sorted by name.
 pub(crate) fn discover(dir: &Path) -> Result<Vec<PathBuf>, RuntimeError> {
     let err = |source| RuntimeError::ServicesDir {
@@ -160,7 +206,7 @@ impl Compiler<'_> {
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let bytes = std::fs::read(path).map_err(|e| fail(LoadErrorKind::Read(e)))?;
+        let bytes = read_service_file(path).map_err(fail)?;
         check_header(&bytes).map_err(|m| fail(LoadErrorKind::Invalid(m)))?;
         let component = self
             .component(&bytes)
@@ -342,6 +388,40 @@ mod tests {
         ] {
             assert_eq!(name(temporary), None, "{temporary}");
         }
+    }
+
+    /// A file past the limit is refused by its size without being read (it is sparse: reading
+    /// it would take 64 GiB of memory), and a FIFO without waiting for a writer.
+    #[test]
+    fn only_regular_files_within_the_limit_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let huge = dir.path().join("huge.wasm");
+        std::fs::File::create(&huge)
+            .unwrap()
+            .set_len(64 << 30)
+            .unwrap();
+        let refused = read_service_file(&huge).unwrap_err();
+        assert!(
+            matches!(refused, LoadErrorKind::TooLarge { size } if size == 64 << 30),
+            "{refused}"
+        );
+        assert!(refused.to_string().starts_with("too large"), "{refused}");
+
+        let fifo = dir.path().join("fifo.wasm");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let refused = read_service_file(&fifo).unwrap_err();
+        assert!(matches!(refused, LoadErrorKind::NotAFile), "{refused}");
+
+        let small = dir.path().join("small.wasm");
+        std::fs::write(&small, b"\0asm").unwrap();
+        assert_eq!(read_service_file(&small).unwrap(), b"\0asm");
     }
 
     #[test]

@@ -14,6 +14,7 @@
 //! the file and the reason.
 
 use std::collections::BTreeMap;
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
@@ -26,7 +27,10 @@ use tokio::sync::watch;
 use wasmtime::component::Linker;
 
 use super::RuntimeError;
-use super::component::{Compiler, LoadStats, Loaded, discover, service_name, version_of};
+use super::component::{
+    Compiler, LoadError, LoadErrorKind, LoadStats, Loaded, discover, read_service_file,
+    service_name, version_of,
+};
 use super::engine::Runtime;
 use super::env::Host;
 use crate::clock::{Clock, SystemClock, Timestamp};
@@ -376,21 +380,27 @@ impl Follower {
     fn settle(&mut self, name: &str) {
         let path = self.dir.join(format!("{name}.wasm"));
         let current = self.catalogue.borrow().get(name).cloned();
-        let bytes = if path.is_file() {
-            std::fs::read(&path).ok()
-        } else {
-            None
-        };
-        let Some(bytes) = bytes else {
-            self.rejected.remove(name);
-            if let Some(old) = current {
-                // Logged first: the leader's services follow the catalogue at once.
-                tracing::info!(service = name, version = old.version, "service removed");
-                self.catalogue.send_modify(|c| {
-                    c.remove(name);
-                });
+        let read = path.is_file().then(|| read_service_file(&path));
+        let bytes = match read {
+            Some(Ok(bytes)) => bytes,
+            // Unreadable, or refused by its size: a bad replacement, not a removal.
+            Some(Err(kind)) if !matches!(&kind, LoadErrorKind::Read(e) if e.kind() == ErrorKind::NotFound) =>
+            {
+                let version = format!("unread {:?}", stamp(&path));
+                self.reject(name, version, &LoadError { path, kind }, current.as_deref());
+                return;
             }
-            return;
+            _ => {
+                self.rejected.remove(name);
+                if let Some(old) = current {
+                    // Logged first: the leader's services follow the catalogue at once.
+                    tracing::info!(service = name, version = old.version, "service removed");
+                    self.catalogue.send_modify(|c| {
+                        c.remove(name);
+                    });
+                }
+                return;
+            }
         };
         let version = version_of(&bytes);
         if current.as_ref().is_some_and(|old| old.version == version)
@@ -441,19 +451,22 @@ impl Follower {
                     c.insert(name.to_owned(), Arc::new(loaded));
                 });
             }
-            Err(e) => {
-                self.rejected.insert(name.to_owned(), version);
-                // The error names the file and the reason; the old version, if any, runs on.
-                let running = current.as_ref().map(|old| old.version.as_str());
-                tracing::error!(
-                    service = name,
-                    file = %path.display(),
-                    error = %e,
-                    running,
-                    "service rejected"
-                );
-            }
+            Err(e) => self.reject(name, version, &e, current.as_deref()),
         }
+    }
+
+    /// Logs that `name`'s file (`version`) was rejected for `error`; the old version, if any
+    /// (`current`), runs on. The same version is not looked at again.
+    fn reject(&mut self, name: &str, version: String, error: &LoadError, current: Option<&Loaded>) {
+        self.rejected.insert(name.to_owned(), version);
+        // The error names the file and the reason.
+        tracing::error!(
+            service = name,
+            file = %error.path.display(),
+            error = %error,
+            running = current.map(|old| old.version.as_str()),
+            "service rejected"
+        );
     }
 }
 

@@ -69,9 +69,10 @@ impl WasmServices {
                     services.insert(loaded.name.clone(), Arc::new(loaded));
                 }
                 Err(e) => {
-                    if let (Some(name), Ok(bytes)) =
-                        (component::service_name(&path), std::fs::read(&path))
-                    {
+                    if let (Some(name), Ok(bytes)) = (
+                        component::service_name(&path),
+                        component::read_service_file(&path),
+                    ) {
                         rejected.insert(name, component::version_of(&bytes));
                     }
                     let duration_ms = step.elapsed_ms();
