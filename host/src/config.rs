@@ -25,7 +25,7 @@ pub enum ConfigError {
         /// The file.
         path: PathBuf,
         /// Why.
-        source: std::io::Error,
+        source: FileError,
     },
     /// The configuration file is not valid TOML or has an unknown key or a bad value.
     #[error("config file {path}: {message}")]
@@ -125,18 +125,18 @@ impl FileConfig {
     /// # Errors
     /// When the file cannot be read or parsed.
     pub fn load(path: &Path, explicit: bool) -> Result<Self, ConfigError> {
-        let text = match std::fs::read_to_string(path) {
-            Ok(text) => text,
-            Err(e) if !explicit && e.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(Self::default());
-            }
-            Err(source) => {
-                return Err(ConfigError::Read {
-                    path: path.to_owned(),
-                    source,
-                });
-            }
+        let read_error = |source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
         };
+        let bytes = match read_file(path, MAX_SETTINGS_FILE_BYTES) {
+            Ok(bytes) => bytes,
+            Err(e) if !explicit && e.is_not_found() => return Ok(Self::default()),
+            Err(e) => return Err(read_error(e)),
+        };
+        let text = String::from_utf8(bytes).map_err(|e| {
+            read_error(std::io::Error::new(std::io::ErrorKind::InvalidData, e).into())
+        })?;
         toml::from_str(&text).map_err(|e| ConfigError::Parse {
             path: path.to_owned(),
             message: e.to_string().trim_end().replace('\n', " "),
@@ -244,6 +244,70 @@ pub const MAX_GRACE_PERIOD: Duration = Duration::from_hours(1);
 pub const MAX_MEMORY_LIMIT_MIB: u64 = 4096;
 /// The largest cluster size: every standby tries every slot each round.
 pub const MAX_CLUSTER_SIZE: u32 = 1024;
+/// The largest configuration file or PEM file (CA, certificate, key) read: far more than any
+/// real one, and a mistaken path (`/dev/zero`, a disk image) is refused rather than read.
+pub const MAX_SETTINGS_FILE_BYTES: u64 = 1 << 20;
+
+/// Why a file an operator named could not be read ([`read_file`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FileError {
+    /// Opening or reading failed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// A FIFO, a device or a socket: never read, as it might never end or never answer.
+    #[error("not a regular file")]
+    NotAFile,
+    /// Larger than its kind of file is let be.
+    #[error("too large: {size} bytes; at most {max}")]
+    TooLarge {
+        /// The file's size (or what was read of it).
+        size: u64,
+        /// The bound.
+        max: u64,
+    },
+}
+
+impl FileError {
+    /// Whether the file does not exist.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Self::Io(e) if e.kind() == std::io::ErrorKind::NotFound)
+    }
+}
+
+/// The bytes of the regular file `path`, of at most `max` bytes. Opened without blocking, so
+/// a FIFO in its place is refused rather than waited on; a larger file is refused by its
+/// size, unread.
+///
+/// # Errors
+/// As [`FileError`] says.
+pub fn read_file(path: &Path, max: u64) -> Result<Vec<u8>, FileError> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits().cast_signed())
+        .open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(FileError::NotAFile);
+    }
+    if meta.len() > max {
+        return Err(FileError::TooLarge {
+            size: meta.len(),
+            max,
+        });
+    }
+    let mut bytes = Vec::new();
+    // One byte more than the bound tells a file that grew past it while being read.
+    file.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
+    let size = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
+    if size > max {
+        return Err(FileError::TooLarge { size, max });
+    }
+    Ok(bytes)
+}
 
 /// Settings after flags, environment, file and defaults are merged, and validated.
 #[derive(Clone, Debug)]

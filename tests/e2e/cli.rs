@@ -1,6 +1,7 @@
 //! The command line as an operator meets it: `status` beside a serving host, `check`, and
 //! signals during shutdown (SPEC §8).
 
+use std::io::{Read, Seek};
 use std::path::Path;
 use std::process::Command;
 
@@ -11,16 +12,35 @@ use testkit::host::{Host, cluster_dir};
 
 use crate::{BIN, serve};
 
+/// Runs the binary in `dir` to its end: whether it succeeded, and its stdout and stderr. A
+/// run that has not ended after 30 s is killed and fails the test: no input may hang it.
 fn run(dir: &Path, args: &[&str]) -> (bool, String) {
-    let out = Command::new(BIN)
+    let mut out = tempfile::tempfile().unwrap();
+    let mut child = Command::new(BIN)
         .args(args)
         .current_dir(dir)
         .env("RUST_LOG", "off")
-        .output()
+        .stdin(std::process::Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out.try_clone().unwrap())
+        .spawn()
         .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.success(), text)
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("{args:?}: no exit within 30 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    out.rewind().unwrap();
+    let mut text = String::new();
+    out.read_to_string(&mut text).unwrap();
+    (status.success(), text)
 }
 
 #[test]
@@ -85,7 +105,28 @@ fn check_names_every_bad_file_and_exits_non_zero() {
 fn bad_input_is_one_line_that_gives_each_reason_once() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("garbage.redb"), "not a database\n").unwrap();
-    let cases: [(&[&str], &str); 6] = [
+    // Sparse: far past any configuration file, taking no disk.
+    std::fs::File::create(dir.path().join("huge.toml"))
+        .unwrap()
+        .set_len(1 << 40)
+        .unwrap();
+    let fifo = dir.path().join("fifo.toml");
+    let made = rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    );
+    made.unwrap();
+    let etcd_ca = [
+        "serve",
+        "--store",
+        "etcd://127.0.0.1:1",
+        "--etcd-ca",
+        "/dev/zero",
+    ];
+    let cases: [(&[&str], &str); 10] = [
         (&["serve", "--store", "/"], "Is a directory"),
         (
             &["status", "--store", "garbage.redb"],
@@ -98,6 +139,11 @@ fn bad_input_is_one_line_that_gives_each_reason_once() {
             "No such file or directory",
         ),
         (&["serve", "--store", "etcd://"], "names no endpoint"),
+        // Files that never end, or never answer: refused, unread.
+        (&["serve", "--config", "/dev/zero"], "not a regular file"),
+        (&["serve", "--config", "fifo.toml"], "not a regular file"),
+        (&["serve", "--config", "huge.toml"], "too large"),
+        (&etcd_ca, "not a regular file"),
     ];
     for (args, reason) in cases {
         let (ok, text) = run(dir.path(), args);

@@ -473,7 +473,7 @@ mod tests {
         let io = || std::io::Error::new(std::io::ErrorKind::NotFound, "gone");
         let repeated = anyhow::Error::new(crate::config::ConfigError::Read {
             path: "vvm.toml".into(),
-            source: io(),
+            source: io().into(),
         });
         assert_eq!(one_line(&repeated), "config file vvm.toml: gone");
         let added = anyhow::Error::new(io()).context("reading the lease");

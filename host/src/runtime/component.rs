@@ -48,18 +48,10 @@ pub struct LoadError {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LoadErrorKind {
-    /// The file could not be read.
+    /// The file could not be read: missing, not a regular file, or larger than
+    /// [`MAX_COMPONENT_BYTES`].
     #[error("cannot read: {0}")]
-    Read(#[source] std::io::Error),
-    /// The file is not a regular file (a FIFO, a device): it is never opened for reading.
-    #[error("not a regular file")]
-    NotAFile,
-    /// The file is larger than any component is let be ([`MAX_COMPONENT_BYTES`]).
-    #[error("too large: {size} bytes; a component may be at most {MAX_COMPONENT_BYTES} bytes")]
-    TooLarge {
-        /// The file's size.
-        size: u64,
-    },
+    Read(#[source] crate::config::FileError),
     /// The file is not a WebAssembly component (empty, a core module): its header says so.
     #[error("not a valid component: {0}")]
     Invalid(String),
@@ -135,36 +127,9 @@ pub(crate) fn service_name(path: &Path) -> Option<String> {
 /// (a disk image, a sparse file) costs neither the memory nor the time of reading it.
 pub const MAX_COMPONENT_BYTES: u64 = 256 << 20;
 
-/// The bytes of service file `path`, which must be a regular file of at most
-/// [`MAX_COMPONENT_BYTES`]. Opened without blocking, so a FIFO put in its place is refused
-/// rather than waited on.
+/// The bytes of service file `path` (see [`crate::config::read_file`]).
 pub(crate) fn read_service_file(path: &Path) -> Result<Vec<u8>, LoadErrorKind> {
-    use std::io::Read as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits().cast_signed())
-        .open(path)
-        .map_err(LoadErrorKind::Read)?;
-    let meta = file.metadata().map_err(LoadErrorKind::Read)?;
-    if !meta.is_file() {
-        return Err(LoadErrorKind::NotAFile);
-    }
-    let too_large = |size| LoadErrorKind::TooLarge { size };
-    if meta.len() > MAX_COMPONENT_BYTES {
-        return Err(too_large(meta.len()));
-    }
-    let mut bytes = Vec::new();
-    // One byte more than the limit tells a file that grew past it while being read.
-    file.take(MAX_COMPONENT_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(LoadErrorKind::Read)?;
-    let read = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
-    if read > MAX_COMPONENT_BYTES {
-        return Err(too_large(read));
-    }
-    Ok(bytes)
+    crate::config::read_file(path, MAX_COMPONENT_BYTES).map_err(LoadErrorKind::Read)
 }
 
 /// The service files of `dir` (see [`service_name`]), sorted by name.
@@ -365,6 +330,7 @@ fn classify(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::FileError;
 
     #[test]
     fn only_plain_wasm_names_are_services() {
@@ -402,10 +368,11 @@ mod tests {
             .unwrap();
         let refused = read_service_file(&huge).unwrap_err();
         assert!(
-            matches!(refused, LoadErrorKind::TooLarge { size } if size == 64 << 30),
+            matches!(refused, LoadErrorKind::Read(FileError::TooLarge { size, max })
+                if size == 64 << 30 && max == MAX_COMPONENT_BYTES),
             "{refused}"
         );
-        assert!(refused.to_string().starts_with("too large"), "{refused}");
+        assert!(refused.to_string().contains("too large"), "{refused}");
 
         let fifo = dir.path().join("fifo.wasm");
         rustix::fs::mknodat(
@@ -417,7 +384,10 @@ mod tests {
         )
         .unwrap();
         let refused = read_service_file(&fifo).unwrap_err();
-        assert!(matches!(refused, LoadErrorKind::NotAFile), "{refused}");
+        assert!(
+            matches!(refused, LoadErrorKind::Read(FileError::NotAFile)),
+            "{refused}"
+        );
 
         let small = dir.path().join("small.wasm");
         std::fs::write(&small, b"\0asm").unwrap();

@@ -14,7 +14,6 @@
 //! the file and the reason.
 
 use std::collections::BTreeMap;
-use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
@@ -384,8 +383,7 @@ impl Follower {
         let bytes = match read {
             Some(Ok(bytes)) => bytes,
             // Unreadable, or refused by its size: a bad replacement, not a removal.
-            Some(Err(kind)) if !matches!(&kind, LoadErrorKind::Read(e) if e.kind() == ErrorKind::NotFound) =>
-            {
+            Some(Err(kind)) if !matches!(&kind, LoadErrorKind::Read(e) if e.is_not_found()) => {
                 let version = format!("unread {:?}", stamp(&path));
                 self.reject(name, version, &LoadError { path, kind }, current.as_deref());
                 return;
