@@ -80,7 +80,7 @@ fn memory_cap(bytes: u64) -> usize {
 }
 
 /// Turns a `[service.NAME]` table into runtime grants: `dirs` entries are `host[:guest][:ro]`,
-/// `env` entries `NAME=value`.
+/// with `host` an existing directory, `env` entries `NAME=value`.
 fn grants(name: &str, grant: &GrantConfig) -> Result<Grants, ConfigError> {
     let invalid = |reason: String| ConfigError::Invalid {
         name: "service.*",
@@ -98,6 +98,12 @@ fn grants(name: &str, grant: &GrantConfig) -> Result<Grants, ConfigError> {
                 "dir grant {spec:?} is not host[:guest][:ro]"
             )));
         }
+        // Checked now: else every start of the service would fail, under the lease.
+        match std::fs::metadata(host) {
+            Ok(meta) if meta.is_dir() => {}
+            Ok(_) => return Err(invalid(format!("dir grant {host:?} is not a directory"))),
+            Err(e) => return Err(invalid(format!("dir grant {host:?}: {e}"))),
+        }
         dirs.push(DirGrant {
             host: host.into(),
             guest: guest.into(),
@@ -109,6 +115,9 @@ fn grants(name: &str, grant: &GrantConfig) -> Result<Grants, ConfigError> {
         let Some((k, v)) = pair.split_once('=') else {
             return Err(invalid(format!("env grant {pair:?} is not NAME=value")));
         };
+        if k.is_empty() {
+            return Err(invalid(format!("env grant {pair:?} has no NAME")));
+        }
         env.push((k.to_owned(), v.to_owned()));
     }
     Ok(Grants {
@@ -186,5 +195,51 @@ impl Default for KvLimits {
             max_value_bytes: 64 * 1024,
             writes_per_second: 100,
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn grant(dirs: &[String], env: &[&str]) -> GrantConfig {
+        GrantConfig {
+            dirs: dirs.to_vec(),
+            env: env.iter().map(|&e| e.to_owned()).collect(),
+            network: false,
+        }
+    }
+
+    /// A grant that cannot work is refused when the settings are read, naming the service, the
+    /// grant and the reason, rather than failing the service's every start under the lease.
+    #[test]
+    fn a_grant_that_cannot_work_is_refused_with_its_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("file");
+        std::fs::write(&file, "").unwrap();
+        let missing = dir.path().join("missing");
+
+        let good = grants(
+            "s",
+            &grant(&[format!("{}:/data:ro", dir.path().display())], &["A=1"]),
+        )
+        .unwrap();
+        assert!(good.dirs[0].read_only);
+        assert_eq!(good.env, [("A".to_owned(), "1".to_owned())]);
+
+        let cases = [
+            (grant(&[missing.display().to_string()], &[]), "No such file"),
+            (grant(&[file.display().to_string()], &[]), "not a directory"),
+            (grant(&[String::new()], &[]), "is not host[:guest][:ro]"),
+            (grant(&[], &["=x"]), "has no NAME"),
+            (grant(&[], &["NOEQUALS"]), "is not NAME=value"),
+        ];
+        for (grant, reason) in cases {
+            let e = grants("s", &grant).unwrap_err().to_string();
+            assert!(e.contains("service s") && e.contains(reason), "{e}");
+        }
+        let e = grants("s", &grant(&[missing.display().to_string()], &[])).unwrap_err();
+        assert!(e.to_string().contains(&*missing.to_string_lossy()), "{e}");
     }
 }

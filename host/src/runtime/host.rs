@@ -91,7 +91,11 @@ fn wasi_ctx(env: &Arc<ServiceEnv>, grants: Option<&Grants>) -> wasmtime::Result<
             } else {
                 FsPerms::ReadWrite
             };
-            wasi.preopened_dir(&dir.host, &dir.guest, perms)?;
+            // Checked with the settings, but it may have gone since.
+            wasi.preopened_dir(&dir.host, &dir.guest, perms)
+                .map_err(|e| {
+                    wasmtime::format_err!("granted directory {}: {e}", dir.host.display())
+                })?;
         }
         if grants.network {
             let deadline = env.deadline.clone();
