@@ -243,7 +243,7 @@ fn apply_reload(current: &Settings, services: &WasmServices, reload: Reload) {
     let (config, new) = match config {
         Ok(ok) => ok,
         Err(e) => {
-            tracing::error!(error = %format!("{e:#}"), "configuration not reloaded; keeping the old settings");
+            tracing::error!(error = %crate::cli::one_line(&e), "configuration not reloaded; keeping the old settings");
             return;
         }
     };

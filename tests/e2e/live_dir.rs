@@ -372,6 +372,20 @@ fn sighup_rereads_the_configuration_and_a_bad_file_keeps_the_old_settings() {
     let (_, line) = a.wait_for_from(mark, &["configuration not reloaded"]);
     assert!(line.text.contains("NO-EQUALS"), "{}", line.text);
 
+    // Replaced by a directory: the reason, once.
+    std::fs::remove_file(&config).unwrap();
+    std::fs::create_dir(&config).unwrap();
+    let mark = a.mark();
+    a.signal(Signal::HUP);
+    let (_, line) = a.wait_for_from(mark, &["configuration not reloaded"]);
+    assert_eq!(
+        line.text.matches("not a regular file").count(),
+        1,
+        "{}",
+        line.text
+    );
+    std::fs::remove_dir(&config).unwrap();
+
     std::fs::write(&config, "cluster-size = 2\n").unwrap();
     let mark = a.mark();
     a.signal(Signal::HUP);

@@ -307,7 +307,7 @@ pub async fn run(cli: Cli) -> ExitCode {
 /// `e` and its causes as `error: cause: cause`, each said once. The error types here end
 /// their own message with their cause (a log field shows only the message), so a cause that
 /// the line already ends with is not repeated.
-fn one_line(e: &anyhow::Error) -> String {
+pub(crate) fn one_line(e: &anyhow::Error) -> String {
     let mut line = String::new();
     for cause in e.chain() {
         let text = cause.to_string();
