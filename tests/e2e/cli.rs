@@ -91,11 +91,21 @@ fn check_names_every_bad_file_and_exits_non_zero() {
         services.join("alien.wasm"),
     )
     .unwrap();
+    // A name no log line, status table or store key can carry as it is.
+    std::fs::copy(
+        guests::guest("rust-ticker"),
+        services.join("new\nline.wasm"),
+    )
+    .unwrap();
     let (ok, text) = run(dir.path(), &["check", "services"]);
     assert!(!ok, "{text}");
     assert!(text.contains("broken.wasm"), "{text}");
     assert!(text.contains("alien.wasm"), "{text}");
-    assert!(text.contains("2 ok, 2 bad"), "{text}");
+    assert!(
+        text.contains("new\\nline.wasm: the name has a control character"),
+        "{text}"
+    );
+    assert!(text.contains("2 ok, 3 bad"), "{text}");
 }
 
 /// Bad input gets one line that names the thing and gives the reason once. The error types

@@ -35,7 +35,7 @@ impl fmt::Display for ServiceKind {
 
 /// A service file that could not be loaded; the other services still load.
 #[derive(Debug, thiserror::Error)]
-#[error("{}: {kind}", path.display())]
+#[error("{}: {kind}", shown(path))]
 pub struct LoadError {
     /// The file.
     pub path: PathBuf,
@@ -48,6 +48,10 @@ pub struct LoadError {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LoadErrorKind {
+    /// The file's name has a control character (a newline, a tab), which no log line, status
+    /// table or store key could carry as it is.
+    #[error("the name has a control character")]
+    Name,
     /// The file could not be read: missing, not a regular file, or larger than
     /// [`MAX_COMPONENT_BYTES`].
     #[error("cannot read: {0}")]
@@ -112,6 +116,21 @@ impl Loaded {
     }
 }
 
+/// `path` as a message shows it: control characters escaped (`\n`), so the message stays one
+/// line.
+fn shown(path: &Path) -> String {
+    path.to_string_lossy()
+        .chars()
+        .fold(String::new(), |mut shown, c| {
+            if c.is_control() {
+                shown.extend(c.escape_default());
+            } else {
+                shown.push(c);
+            }
+            shown
+        })
+}
+
 /// The service a file of the services directory is, by its name: `NAME.wasm` is service
 /// `NAME`. Hidden files (`.x.wasm`: rsync's and editors' temporary files, the compile
 /// cache), `#x.wasm#` and `x.wasm~` (editors) and every other name are no service.
@@ -171,6 +190,9 @@ impl Compiler<'_> {
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default();
+        if name.chars().any(char::is_control) {
+            return Err(fail(LoadErrorKind::Name));
+        }
         let bytes = read_service_file(path).map_err(fail)?;
         check_header(&bytes).map_err(|m| fail(LoadErrorKind::Invalid(m)))?;
         let component = self
