@@ -371,6 +371,61 @@ fn issue_term(txn: &WriteTransaction, key: &str) -> Result<Term, Fault> {
     Ok(term)
 }
 
+/// Removes the expired records under the candidates' `prefix` (left by standbys that were
+/// killed, or by an earlier boot), and the terms of every candidacy no longer standing (those
+/// and the withdrawn ones). A candidacy's key is its campaign's own, and nothing fences with
+/// its term; left there, they would grow the file, and the expired records every later
+/// handover's scan of the candidates, which is inside the handover's write.
+fn remove_expired_candidacies(
+    txn: &WriteTransaction,
+    leases: &mut redb::Table<&'static str, (&'static str, u64, u128, u64)>,
+    prefix: &str,
+    now: Timestamp,
+) -> Result<(), Fault> {
+    let mut expired = Vec::new();
+    for row in leases.range(prefix..)? {
+        let (key, row) = row?;
+        let key = key.value();
+        if !key.starts_with(prefix) {
+            break;
+        }
+        let (_, _, boot, nanos) = row.value();
+        let expires = Timestamp {
+            boot,
+            since_boot: Duration::from_nanos(nanos),
+        };
+        if expires.left_from(now).is_none() {
+            expired.push(key.to_owned());
+        }
+    }
+    for key in &expired {
+        leases.remove(key.as_str())?;
+    }
+    let mut terms = txn.open_table(TERMS)?;
+    let mut spent = Vec::new();
+    for row in terms.range(prefix..)? {
+        let key = row?.0.value().to_owned();
+        if !key.starts_with(prefix) {
+            break;
+        }
+        if leases.get(key.as_str())?.is_none() {
+            spent.push(key);
+        }
+    }
+    for key in &spent {
+        terms.remove(key.as_str())?;
+    }
+    if !expired.is_empty() || !spent.is_empty() {
+        tracing::debug!(
+            prefix,
+            expired = expired.len(),
+            terms = spent.len(),
+            "spent candidacies removed"
+        );
+    }
+    Ok(())
+}
+
 /// Counts a release in `txn` ([`RELEASES_KEY`]); returns the new count.
 fn count_release(txn: &WriteTransaction) -> Result<u64, Fault> {
     let mut meta = txn.open_table(META)?;
@@ -614,6 +669,7 @@ impl TtlStore for RedbStore {
                 if live_lease(&leases, &key, now)?.is_none_or(|(l, _)| l.value != expected) {
                     return Ok((None, Outcome::Abort));
                 }
+                remove_expired_candidacies(txn, &mut leases, &candidates.prefix, now)?;
                 // The freshest: the most time left, then the first key.
                 let mut candidate: Option<(String, String, Duration)> = None;
                 for (name, lease, left) in live_leases_under(&leases, &candidates.prefix, now)? {
@@ -624,7 +680,10 @@ impl TtlStore for RedbStore {
                     }
                 }
                 let outcome = if let Some((name, to, _)) = candidate {
+                    // The candidacy is spent, and its term with it
+                    // (`remove_expired_candidacies`).
                     leases.remove(name.as_str())?;
+                    txn.open_table(TERMS)?.remove(name.as_str())?;
                     let term = issue_term(txn, &key)?;
                     leases.insert(key.as_str(), lease_row(&to, term, now, ttl))?;
                     HandOver::To { to, term }

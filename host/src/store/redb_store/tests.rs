@@ -556,3 +556,65 @@ async fn close_waits_for_a_reopen_under_way() {
         "a reopen still holds the store after close"
     );
 }
+
+/// A candidacy left to expire (its standby was killed, or the machine rebooted) is removed
+/// with its term by the next handover, whose scan it would otherwise lengthen for ever: the
+/// scan is inside the handover's write, on the takeover's path. The terms of withdrawn and
+/// handed candidacies go too: nothing fences with them, and each campaign has its own key.
+#[tokio::test]
+async fn a_handover_removes_the_spent_candidacies() {
+    let clock = ManualClock::default();
+    let mut redb = Redb::new();
+    let s = redb.open(&clock).await;
+    for dead in ["cand/a", "cand/c"] {
+        s.insert_if_absent(dead, dead, TTL).await.unwrap().unwrap();
+    }
+    s.insert_if_absent("cand/w", "w", TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(s.compare_and_delete("cand/w", "w").await.unwrap());
+    clock.advance(TTL);
+    s.insert_if_absent("cand/b", "b", TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    s.insert_if_absent("other/x", "x", Duration::from_secs(1))
+        .await
+        .unwrap()
+        .unwrap();
+    s.insert_if_absent("slot/1", "l", TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    clock.advance(Duration::from_secs(2));
+    let handed = s
+        .hand_over("slot/1", "l", &Candidates::any("cand/"), TTL)
+        .await
+        .unwrap();
+    assert!(
+        matches!(&handed, HandOver::To { to, .. } if to == "b"),
+        "{handed:?}"
+    );
+    let rows = s
+        .read("rows", |txn, _| {
+            fn keys<V: redb::Value + 'static>(
+                table: &redb::ReadOnlyTable<&'static str, V>,
+            ) -> Result<Vec<String>, Fault> {
+                table
+                    .iter()?
+                    .map(|row| Ok(row?.0.value().to_owned()))
+                    .collect()
+            }
+            Ok((
+                keys(&txn.open_table(LEASES)?)?,
+                keys(&txn.open_table(TERMS)?)?,
+            ))
+        })
+        .await
+        .unwrap();
+    // Only the candidates' expired rows go: an expired record elsewhere is not the
+    // handover's business, and other keys' terms stay.
+    assert_eq!(rows.0, ["other/x", "slot/1"]);
+    assert_eq!(rows.1, ["other/x", "slot/1"]);
+}
