@@ -6,16 +6,40 @@
 //! (`/leader` is 200 only on a leader, 503 elsewhere) and etcd's (`/health`, `/metrics`).
 
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use tokio::sync::oneshot;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio::time::Sleep;
 
 use super::Ops;
+
+/// What one client can hold of the endpoint, and so of the host.
+#[derive(Clone, Copy, Debug)]
+struct Limits {
+    /// Connections open at once. Each is one of the host's file descriptors: a client opening
+    /// them without end would leave none for the store, the locks and the guests. Past it,
+    /// new connections wait in the kernel's backlog.
+    connections: usize,
+    /// How long a connection stays open, idle or not: any scrape takes far less, and a
+    /// scraper's next one reconnects. Idle or stalled clients cannot hold the slots for ever.
+    lifetime: Duration,
+}
+
+const LIMITS: Limits = Limits {
+    connections: 64,
+    lifetime: Duration::from_secs(30),
+};
 
 /// The operations endpoint could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +78,10 @@ impl Endpoint {
     /// # Errors
     /// When the address cannot be bound or the thread not started.
     pub fn start(addr: SocketAddr, ops: Ops) -> Result<Self, EndpointError> {
+        Self::start_with(addr, ops, LIMITS)
+    }
+
+    fn start_with(addr: SocketAddr, ops: Ops, limits: Limits) -> Result<Self, EndpointError> {
         let listener = std::net::TcpListener::bind(addr)
             .map_err(|source| EndpointError::Bind { addr, source })?;
         let local = listener
@@ -70,8 +98,12 @@ impl Endpoint {
             .name("vvm-ops".into())
             .spawn(move || {
                 runtime.block_on(async move {
-                    let listener = match tokio::net::TcpListener::from_std(listener) {
-                        Ok(listener) => listener,
+                    let listener = match TcpListener::from_std(listener) {
+                        Ok(listener) => Bounded {
+                            listener,
+                            slots: Arc::new(Semaphore::new(limits.connections)),
+                            lifetime: limits.lifetime,
+                        },
                         Err(e) => {
                             tracing::error!(addr = %local, error = %e, "operations endpoint failed");
                             return;
@@ -120,6 +152,91 @@ impl Drop for Endpoint {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+    }
+}
+
+/// The listener, holding at most [`Limits::connections`] open connections, each for at most
+/// [`Limits::lifetime`].
+struct Bounded {
+    listener: TcpListener,
+    slots: Arc<Semaphore>,
+    lifetime: Duration,
+}
+
+impl axum::serve::Listener for Bounded {
+    type Io = Connection;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Connection, SocketAddr) {
+        // The semaphore is never closed.
+        let Ok(slot) = Arc::clone(&self.slots).acquire_owned().await else {
+            return std::future::pending().await;
+        };
+        let (stream, addr) = axum::serve::Listener::accept(&mut self.listener).await;
+        let connection = Connection {
+            stream,
+            ends: Box::pin(tokio::time::sleep(self.lifetime)),
+            _slot: slot,
+        };
+        (connection, addr)
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+}
+
+/// An accepted connection: it fails its reads and writes once its lifetime is over (the
+/// server then closes it), and gives its slot back when dropped.
+struct Connection {
+    stream: TcpStream,
+    ends: Pin<Box<Sleep>>,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Connection {
+    /// `Ready` with an error once the lifetime is over; else registers for its end.
+    fn over(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Error> {
+        self.ends
+            .as_mut()
+            .poll(cx)
+            .map(|()| std::io::Error::new(std::io::ErrorKind::TimedOut, "connection lifetime over"))
+    }
+}
+
+impl AsyncRead for Connection {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if let Poll::Ready(e) = this.over(cx) {
+            return Poll::Ready(Err(e));
+        }
+        Pin::new(&mut this.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Connection {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        if let Poll::Ready(e) = this.over(cx) {
+            return Poll::Ready(Err(e));
+        }
+        Pin::new(&mut this.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
     }
 }
 
@@ -236,6 +353,55 @@ mod tests {
             std::net::TcpStream::connect(addr).is_err(),
             "stopped on drop"
         );
+    }
+
+    /// File descriptors this process has open.
+    fn open_fds() -> usize {
+        std::fs::read_dir("/proc/self/fd").unwrap().count()
+    }
+
+    /// A client holding connections open, without end, cannot take more than
+    /// [`Limits::connections`] of the host's file descriptors (it would leave none for its
+    /// store, its locks and its guests); a connection is closed at the end of its lifetime, so
+    /// idle ones cannot hold the endpoint for ever either.
+    #[test]
+    fn connections_are_bounded_in_number_and_lifetime() {
+        let limits = Limits {
+            connections: 8,
+            lifetime: Duration::from_millis(500),
+        };
+        let ops = Ops::new(Arc::new(ManualClock::default()));
+        let endpoint = Endpoint::start_with("127.0.0.1:0".parse().unwrap(), ops, limits).unwrap();
+        let addr = endpoint.addr();
+        let before = open_fds();
+        let clients: Vec<_> = (0..100)
+            .map(|_| std::net::TcpStream::connect(addr).unwrap())
+            .collect();
+        // The server's share of the descriptors, once it has accepted what it will.
+        let mut accepted = 0;
+        let mut steady_since = std::time::Instant::now();
+        while steady_since.elapsed() < Duration::from_millis(300) && accepted <= 8 {
+            std::thread::sleep(Duration::from_millis(10));
+            let now = open_fds().saturating_sub(before + clients.len());
+            if now != accepted {
+                accepted = now;
+                steady_since = std::time::Instant::now();
+            }
+        }
+        assert!(accepted <= 8, "{accepted} connections accepted at once");
+        // The idle ones reach their lifetime and are closed: a request gets through.
+        let mut first = &clients[0];
+        first
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut rest = Vec::new();
+        assert_eq!(
+            first.read_to_end(&mut rest).unwrap(),
+            0,
+            "closed by the server"
+        );
+        drop(clients);
+        assert_eq!(get(addr, "/healthz").0, 200);
     }
 
     #[test]
