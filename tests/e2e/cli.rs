@@ -167,6 +167,66 @@ fn bad_input_is_one_line_that_gives_each_reason_once() {
     }
 }
 
+/// A log reader that goes away (a closed pipe: a log shipper restarted, `| head`) costs the
+/// host its log lines, not its life: it still leads, and shuts down in order on SIGTERM.
+#[test]
+fn a_closed_log_pipe_does_not_end_the_host() {
+    use std::io::BufRead;
+
+    let dir = cluster_dir();
+    let mut host = Command::new(BIN)
+        .args(["serve", "--lease", "1s"])
+        .current_dir(dir.path())
+        .env("RUST_LOG", "info")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut log = std::io::BufReader::new(host.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("tick 1") {
+        line.clear();
+        assert_ne!(log.read_line(&mut line).unwrap(), 0, "the log ended early");
+    }
+    drop(log);
+    // The ticker logs every second: two lines at least meet the closed pipe.
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    assert_eq!(host.try_wait().unwrap(), None, "the host ended");
+    let (_, text) = run(dir.path(), &["status"]);
+    let slot1 = text.lines().find(|l| l.starts_with("1 ")).unwrap();
+    assert!(!slot1.contains("(free)"), "still leads: {text}");
+    let pid = rustix::process::Pid::from_child(&host);
+    rustix::process::kill_process(pid, Signal::TERM).unwrap();
+    assert!(host.wait().unwrap().success());
+    let (_, text) = run(dir.path(), &["status"]);
+    assert!(text.contains("(free)"), "released on shutdown: {text}");
+}
+
+/// `status` and `check` into a pipe whose reader is gone (`| head -1`) end quietly, with
+/// success: the reader has what it wanted.
+#[test]
+fn status_and_check_into_a_closed_pipe_end_quietly() {
+    let dir = cluster_dir();
+    let mut host = serve("a", dir.path(), "20s");
+    host.wait_for(&["leading"]);
+    for args in [&["status"][..], &["check"]] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = Command::new(BIN)
+            .args(args)
+            .current_dir(dir.path())
+            .stdout(writer)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {:?} {stderr}", out.status);
+        assert!(stderr.is_empty(), "{args:?}: {stderr}");
+    }
+    host.signal(Signal::TERM);
+    assert!(host.wait_exit().success());
+}
+
 #[test]
 fn a_second_signal_during_shutdown_exits_at_once() {
     let dir = cluster_dir();

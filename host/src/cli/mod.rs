@@ -274,7 +274,11 @@ pub fn init_logging(cli: &Cli) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(colour)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // A line that cannot be written (its reader gone: a closed pipe) is dropped. Left on,
+        // the subscriber reports that with `eprintln!` to the same closed stderr, which
+        // panics in whatever thread logged: a guest's host call, the campaign, the shutdown.
+        .log_internal_errors(false);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

@@ -1,5 +1,6 @@
 //! `vvm-host status` and `vvm-host check`: read-only views for operators.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -32,6 +33,7 @@ pub(super) async fn status(args: &StoreArgs, json: bool) -> anyhow::Result<ExitC
     let claims = store.list(SERVICE_PREFIX).await?;
     drop(store);
     opened.close().await;
+    let mut out = Vec::new();
     if json {
         let slots: Vec<_> = slots
             .iter()
@@ -67,44 +69,53 @@ pub(super) async fn status(args: &StoreArgs, json: bool) -> anyhow::Result<ExitC
                 })
             })
             .collect();
-        println!(
+        writeln!(
+            out,
             "{}",
             serde_json::json!({ "slots": slots, "members": members, "claims": claims })
-        );
+        )?;
+        emit(&out)?;
         return Ok(ExitCode::SUCCESS);
     }
     if settings.placement == Placement::Spread || !members.is_empty() || !claims.is_empty() {
-        print_spread(&members, &claims);
+        print_spread(&mut out, &members, &claims)?;
+        emit(&out)?;
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
+    writeln!(
+        out,
         "{:<6} {:<48} {:>8} {:>10}",
         "SLOT", "HOLDER", "TERM", "TIME LEFT"
-    );
+    )?;
     for (slot, record) in slots {
         match record {
             Some(record) => {
-                println!(
+                writeln!(
+                    out,
                     "{:<6} {:<48} {:>8} {:>9.1}s",
                     slot,
                     lease_value::holder(&record.value),
                     record.term,
                     record.time_left.as_secs_f64()
-                );
+                )?;
                 for s in lease_value::services(&record.value) {
                     let since = std::time::UNIX_EPOCH + std::time::Duration::from_secs(s.since);
-                    println!(
+                    writeln!(
+                        out,
                         "{:<6}   service {} {} since {}",
                         "",
                         s.name,
                         s.version,
                         humantime::format_rfc3339_seconds(since)
-                    );
+                    )?;
                 }
             }
-            None => println!("{slot:<6} {:<48} {:>8} {:>10}", "(free)", "-", "-"),
+            None => {
+                writeln!(out, "{slot:<6} {:<48} {:>8} {:>10}", "(free)", "-", "-")?;
+            }
         }
     }
+    emit(&out)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -114,30 +125,51 @@ fn ms(record: &Record) -> u64 {
 }
 
 /// Spread placement's view: the live members, and which host runs each service.
-fn print_spread(members: &[(String, Record)], claims: &[(String, Record)]) {
-    println!("{:<48} {:>10} {:>9}", "MEMBER", "SERVICES", "TIME LEFT");
+fn print_spread(
+    out: &mut impl Write,
+    members: &[(String, Record)],
+    claims: &[(String, Record)],
+) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{:<48} {:>10} {:>9}",
+        "MEMBER", "SERVICES", "TIME LEFT"
+    )?;
     for (_, m) in members {
         let held = claims.iter().filter(|(_, c)| c.value == m.value).count();
-        println!(
+        writeln!(
+            out,
             "{:<48} {:>10} {:>8.1}s",
             m.value,
             held,
             m.time_left.as_secs_f64()
-        );
+        )?;
     }
-    println!();
-    println!(
+    writeln!(out)?;
+    writeln!(
+        out,
         "{:<24} {:<48} {:>8} {:>10}",
         "SERVICE", "HOLDER", "TERM", "TIME LEFT"
-    );
+    )?;
     for (key, c) in claims {
-        println!(
+        writeln!(
+            out,
             "{:<24} {:<48} {:>8} {:>9.1}s",
             key.strip_prefix(SERVICE_PREFIX).unwrap_or(key),
             c.value,
             c.term,
             c.time_left.as_secs_f64()
-        );
+        )?;
+    }
+    Ok(())
+}
+
+/// Writes `text` to stdout. A reader that went away (`vvm-host status | head -1`) is not an
+/// error: it has what it wanted.
+fn emit(text: &[u8]) -> std::io::Result<()> {
+    match std::io::stdout().lock().write_all(text) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        written => written,
     }
 }
 
@@ -150,13 +182,20 @@ pub(super) async fn check(dir: Option<PathBuf>, args: &StoreArgs) -> anyhow::Res
     }
     let config = RuntimeConfig::from_settings(&settings)?;
     let report = tokio::task::spawn_blocking(move || crate::runtime::check(config)).await??;
+    let mut out = Vec::new();
     for (name, world) in &report.services {
-        println!("ok    {name} ({world})");
+        writeln!(out, "ok    {name} ({world})")?;
     }
     for e in &report.errors {
-        println!("error {e}");
+        writeln!(out, "error {e}")?;
     }
-    println!("{} ok, {} bad", report.services.len(), report.errors.len());
+    writeln!(
+        out,
+        "{} ok, {} bad",
+        report.services.len(),
+        report.errors.len()
+    )?;
+    emit(&out)?;
     Ok(if report.is_ok() {
         ExitCode::SUCCESS
     } else {
