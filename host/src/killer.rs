@@ -11,15 +11,16 @@
 //! - **Firing cannot block.** Logging through `tracing` can wait on the stderr lock or on a full
 //!   log pipe (a stalled journald or log shipper), and `std::process::exit` flushes stdout
 //!   under its lock and runs exit handlers. The default action instead writes one line through
-//!   a descriptor prepared at start-up that never blocks, then ends the process with `_exit`.
+//!   a descriptor prepared at start-up that never blocks ([`crate::log_output`]), then ends
+//!   the process with `_exit`.
 
-use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::clock::{Clock, Timestamp};
+use crate::log_output::Stderr;
 
 /// The exit code of a process ended by the killer: `EX_TEMPFAIL` from `sysexits.h`, distinct
 /// from a normal exit (0) and from an error exit (1). A supervisor may restart the host.
@@ -65,15 +66,20 @@ impl Shared {
 impl Killer {
     /// A disarmed killer on `clock` whose action ends the process with [`KILLER_EXIT_CODE`].
     pub fn new(clock: Arc<dyn Clock>) -> Self {
-        let last_words = LastWords::prepare();
+        // Prepared now, while nothing is wrong: a description of stderr's own that never
+        // blocks (`log_output`).
+        let last_words = Stderr::open();
         Self::with_action(
             clock,
             Arc::new(move |late| {
-                last_words.say(&format!(
+                last_words.write_line(
+                    format!(
                     "vvm-host: killer fired {} ms after the local lease deadline: lease renewal \
                      stalled; exiting with {KILLER_EXIT_CODE}\n",
-                    late.as_millis()
-                ));
+                        late.as_millis()
+                    )
+                    .as_bytes(),
+                );
                 exit_now(KILLER_EXIT_CODE)
             }),
         )
@@ -236,54 +242,6 @@ fn exit_now(code: i32) -> ! {
     // SAFETY: `_exit` has no preconditions: it takes an integer, touches no memory of ours,
     // and ends every thread of the process; nothing runs after it to observe any state.
     unsafe { libc::_exit(code) }
-}
-
-/// A best-effort message to stderr that can never block, prepared while nothing is wrong.
-///
-/// Writing to fd 2 itself could block: on a full pipe or socket nobody reads, or on a terminal
-/// under flow control. Setting `O_NONBLOCK` on fd 2 would change the description it shares
-/// with other processes. So: a socket (journald's stdout stream) gets `send(MSG_DONTWAIT)`
-/// through a duplicate; a pipe or terminal is opened again through `/proc/self/fd/2`, which
-/// gives a description of our own that can be non-blocking; a regular file never waits for a
-/// reader. Anything else gets no message.
-struct LastWords {
-    fd: Option<OwnedFd>,
-    socket: bool,
-}
-
-impl LastWords {
-    fn prepare() -> Self {
-        use rustix::fs::{FileType, Mode, OFlags};
-        let stderr = std::io::stderr();
-        let fd = stderr.as_fd();
-        let kind = rustix::fs::fstat(fd).map(|st| FileType::from_raw_mode(st.st_mode));
-        let (fd, socket) = match kind {
-            Ok(FileType::Socket) => (rustix::io::fcntl_dupfd_cloexec(fd, 3).ok(), true),
-            Ok(FileType::Fifo | FileType::CharacterDevice) => (
-                rustix::fs::open(
-                    "/proc/self/fd/2",
-                    OFlags::WRONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
-                    Mode::empty(),
-                )
-                .ok(),
-                false,
-            ),
-            Ok(FileType::RegularFile) => (rustix::io::fcntl_dupfd_cloexec(fd, 3).ok(), false),
-            _ => (None, false),
-        };
-        Self { fd, socket }
-    }
-
-    /// One attempt to write `message`; whatever fails is ignored.
-    fn say(&self, message: &str) {
-        let Some(fd) = &self.fd else { return };
-        if self.socket {
-            let flags = rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL;
-            let _ = rustix::net::send(fd, message.as_bytes(), flags);
-        } else {
-            let _ = rustix::io::write(fd, message.as_bytes());
-        }
-    }
 }
 
 #[cfg(test)]

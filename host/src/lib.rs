@@ -5,6 +5,7 @@
 //! - [`clock`]: `CLOCK_BOOTTIME` readings for store expiry and the local lease deadline.
 //! - [`store`]: the TTL store contract and its backends (memory, redb, etcd).
 //! - [`killer`]: the watchdog thread that ends the process if renewal stalls.
+//! - [`log_output`]: stderr written without ever waiting for its reader.
 //! - [`elections`]: acquire, renew and release leases; the local lease deadline.
 //! - [`lease_value`]: a lease record's value: the holder and the services running under it.
 //! - [`problem`]: the problem signal: a running VVM's first fatal error, reported once.
@@ -25,6 +26,7 @@ pub mod elections;
 pub mod holder_lock;
 pub mod killer;
 pub mod lease_value;
+pub mod log_output;
 pub mod ops;
 pub mod placement;
 pub mod problem;

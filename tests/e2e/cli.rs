@@ -203,6 +203,35 @@ fn a_closed_log_pipe_does_not_end_the_host() {
     assert!(text.contains("(free)"), "released on shutdown: {text}");
 }
 
+/// A log reader that stalls (a pipe nobody reads: a stuck shipper, a `| tee` to a hung disk)
+/// costs the host the lines it cannot write, not its lease. Writing them blocked whatever
+/// thread logged, the renewals stalled, and the killer ended the leader once the pipe was
+/// full: at L = 1 s with debug logs into 4 KiB, within seconds.
+#[test]
+fn a_stalled_log_reader_does_not_cost_the_lease() {
+    let dir = cluster_dir();
+    let (reader, writer) = std::io::pipe().unwrap();
+    rustix::pipe::fcntl_setpipe_size(&writer, 4096).unwrap();
+    let mut host = Command::new(BIN)
+        .args(["serve", "--lease", "1s"])
+        .current_dir(dir.path())
+        .env("RUST_LOG", "debug,wasmtime=info,cranelift=info")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(writer)
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(10));
+    assert_eq!(host.try_wait().unwrap(), None, "the host ended");
+    let (_, text) = run(dir.path(), &["status"]);
+    let slot1 = text.lines().find(|l| l.starts_with("1 ")).unwrap();
+    assert!(!slot1.contains("(free)"), "still leads: {text}");
+    let pid = rustix::process::Pid::from_child(&host);
+    rustix::process::kill_process(pid, Signal::TERM).unwrap();
+    assert!(host.wait().unwrap().success());
+    drop(reader);
+}
+
 /// `status` and `check` into a pipe whose reader is gone (`| head -1`) end quietly, with
 /// success: the reader has what it wanted.
 #[test]

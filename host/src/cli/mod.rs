@@ -13,6 +13,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{self, ConfigError, EtcdFileConfig, FileConfig, Settings};
+use crate::log_output::Stderr;
 
 /// Exit code for bad settings or a store that cannot be opened.
 pub const EXIT_SETUP: u8 = 1;
@@ -256,6 +257,9 @@ fn show(d: Duration) -> String {
     }
 }
 
+/// Stderr for the log lines of this process.
+static STDERR: std::sync::OnceLock<Stderr> = std::sync::OnceLock::new();
+
 /// Sets up logging to stderr for `cli`: `RUST_LOG` filter (default `info`), text or JSON
 /// lines, none at all for a tool run without `-v`. Colour only on a terminal, and never with
 /// `NO_COLOR` set (journald and log shippers get plain text).
@@ -274,11 +278,9 @@ pub fn init_logging(cli: &Cli) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(colour)
-        .with_writer(std::io::stderr)
-        // A line that cannot be written (its reader gone: a closed pipe) is dropped. Left on,
-        // the subscriber reports that with `eprintln!` to the same closed stderr, which
-        // panics in whatever thread logged: a guest's host call, the campaign, the shutdown.
-        .log_internal_errors(false);
+        // Never waits for the reader, and drops what finds no room (`log_output`): a stalled
+        // or closed log pipe must cost lines, not the lease.
+        .with_writer(|| STDERR.get_or_init(Stderr::open));
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
