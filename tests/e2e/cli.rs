@@ -192,14 +192,19 @@ fn a_closed_log_pipe_does_not_end_the_host() {
     drop(log);
     // The ticker logs every second: two lines at least meet the closed pipe.
     std::thread::sleep(std::time::Duration::from_millis(2500));
+    leads_then_stops_in_order(dir.path(), host);
+}
+
+/// `host`, serving in `dir`, still runs and leads; on SIGTERM it shuts down in order.
+fn leads_then_stops_in_order(dir: &Path, mut host: std::process::Child) {
     assert_eq!(host.try_wait().unwrap(), None, "the host ended");
-    let (_, text) = run(dir.path(), &["status"]);
+    let (_, text) = run(dir, &["status"]);
     let slot1 = text.lines().find(|l| l.starts_with("1 ")).unwrap();
     assert!(!slot1.contains("(free)"), "still leads: {text}");
     let pid = rustix::process::Pid::from_child(&host);
     rustix::process::kill_process(pid, Signal::TERM).unwrap();
     assert!(host.wait().unwrap().success());
-    let (_, text) = run(dir.path(), &["status"]);
+    let (_, text) = run(dir, &["status"]);
     assert!(text.contains("(free)"), "released on shutdown: {text}");
 }
 
@@ -212,7 +217,7 @@ fn a_stalled_log_reader_does_not_cost_the_lease() {
     let dir = cluster_dir();
     let (reader, writer) = std::io::pipe().unwrap();
     rustix::pipe::fcntl_setpipe_size(&writer, 4096).unwrap();
-    let mut host = Command::new(BIN)
+    let host = Command::new(BIN)
         .args(["serve", "--lease", "1s"])
         .current_dir(dir.path())
         .env("RUST_LOG", "debug,wasmtime=info,cranelift=info")
@@ -222,13 +227,7 @@ fn a_stalled_log_reader_does_not_cost_the_lease() {
         .spawn()
         .unwrap();
     std::thread::sleep(std::time::Duration::from_secs(10));
-    assert_eq!(host.try_wait().unwrap(), None, "the host ended");
-    let (_, text) = run(dir.path(), &["status"]);
-    let slot1 = text.lines().find(|l| l.starts_with("1 ")).unwrap();
-    assert!(!slot1.contains("(free)"), "still leads: {text}");
-    let pid = rustix::process::Pid::from_child(&host);
-    rustix::process::kill_process(pid, Signal::TERM).unwrap();
-    assert!(host.wait().unwrap().success());
+    leads_then_stops_in_order(dir.path(), host);
     drop(reader);
 }
 

@@ -35,7 +35,7 @@ use self::fault::Fault;
 use self::file_watch::FileWatch;
 use self::schema::{
     BUSY_TIMEOUT, KV, LEASES, Lease, META, RELEASES_KEY, SCHEMA_VERSION, TERMS, begin_write,
-    lease_row, live_lease, live_leases_under, open_database, open_read_only,
+    expired_under, lease_row, live_lease, live_leases_under, open_database, open_read_only,
 };
 use super::{Candidates, Fence, FencedKv, HandOver, Record, StoreError, Term, TtlStore};
 use crate::clock::{Clock, SystemClock, Timestamp};
@@ -382,22 +382,7 @@ fn remove_expired_candidacies(
     prefix: &str,
     now: Timestamp,
 ) -> Result<(), Fault> {
-    let mut expired = Vec::new();
-    for row in leases.range(prefix..)? {
-        let (key, row) = row?;
-        let key = key.value();
-        if !key.starts_with(prefix) {
-            break;
-        }
-        let (_, _, boot, nanos) = row.value();
-        let expires = Timestamp {
-            boot,
-            since_boot: Duration::from_nanos(nanos),
-        };
-        if expires.left_from(now).is_none() {
-            expired.push(key.to_owned());
-        }
-    }
+    let expired = expired_under(leases, prefix, now)?;
     for key in &expired {
         leases.remove(key.as_str())?;
     }

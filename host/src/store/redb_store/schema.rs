@@ -176,25 +176,49 @@ fn lease_of((value, term, boot, nanos): (&str, u64, u128, u64)) -> Lease {
     }
 }
 
-/// Every record live at `now` whose key starts with `prefix`, by key, with its time left.
-pub(super) fn live_leases_under(
+/// Every record whose key starts with `prefix`, by key, live or not.
+fn leases_under(
     table: &impl ReadableTable<&'static str, (&'static str, u64, u128, u64)>,
     prefix: &str,
-    now: Timestamp,
-) -> Result<Vec<(String, Lease, Duration)>, Fault> {
-    let mut live = Vec::new();
+) -> Result<Vec<(String, Lease)>, Fault> {
+    let mut leases = Vec::new();
     for row in table.range(prefix..)? {
         let (key, row) = row?;
         let key = key.value();
         if !key.starts_with(prefix) {
             break;
         }
-        let lease = lease_of(row.value());
-        if let Some(left) = lease.expires.left_from(now) {
-            live.push((key.to_owned(), lease, left));
-        }
+        leases.push((key.to_owned(), lease_of(row.value())));
     }
-    Ok(live)
+    Ok(leases)
+}
+
+/// Every record live at `now` whose key starts with `prefix`, by key, with its time left.
+pub(super) fn live_leases_under(
+    table: &impl ReadableTable<&'static str, (&'static str, u64, u128, u64)>,
+    prefix: &str,
+    now: Timestamp,
+) -> Result<Vec<(String, Lease, Duration)>, Fault> {
+    Ok(leases_under(table, prefix)?
+        .into_iter()
+        .filter_map(|(key, lease)| {
+            let left = lease.expires.left_from(now)?;
+            Some((key, lease, left))
+        })
+        .collect())
+}
+
+/// The keys of the records expired at `now` whose key starts with `prefix`.
+pub(super) fn expired_under(
+    table: &impl ReadableTable<&'static str, (&'static str, u64, u128, u64)>,
+    prefix: &str,
+    now: Timestamp,
+) -> Result<Vec<String>, Fault> {
+    Ok(leases_under(table, prefix)?
+        .into_iter()
+        .filter(|(_, lease)| lease.expires.left_from(now).is_none())
+        .map(|(key, _)| key)
+        .collect())
 }
 
 /// The record under `key` if it is live at `now` (expiry inclusive, other boots expired).
