@@ -190,9 +190,23 @@ impl HolderLockDir {
     }
 }
 
+/// Opens the holder's file at `path` to read and lock it: a regular file, or `NOENT` for
+/// anything else. Opened without waiting and without following a link, so something else
+/// under the name (a FIFO, which would wait for a writer for ever; a link, maybe a loop)
+/// cannot hold up the sweep or a standby.
+fn open_holder_file(path: &Path) -> rustix::io::Result<OwnedFd> {
+    let flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK | OFlags::NOFOLLOW;
+    let fd = rustix::fs::open(path, flags, Mode::empty())?;
+    let stat = rustix::fs::fstat(&fd)?;
+    if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::RegularFile {
+        return Err(rustix::io::Errno::NOENT);
+    }
+    Ok(fd)
+}
+
 /// Unlinks `path` if its lock can be taken (its holder is gone), holding the lock meanwhile.
 fn remove_if_free(path: &Path) -> bool {
-    let Ok(fd) = rustix::fs::open(path, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()) else {
+    let Ok(fd) = open_holder_file(path) else {
         return false;
     };
     rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive).is_ok()
@@ -311,9 +325,10 @@ impl Watch {
         holder: &str,
         gone: mpsc::UnboundedSender<(String, String)>,
     ) -> io::Result<Option<Self>> {
-        let fd = match rustix::fs::open(path, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()) {
+        let fd = match open_holder_file(path) {
             Ok(fd) => fd,
-            Err(rustix::io::Errno::NOENT) => return Ok(None),
+            // No file, or something else under the name: no lock is known.
+            Err(rustix::io::Errno::NOENT | rustix::io::Errno::LOOP) => return Ok(None),
             Err(e) => return Err(e.into()),
         };
         let mut content = vec![0_u8; holder.len() + 1];
@@ -500,5 +515,46 @@ mod tests {
         assert!(dir.file("h").exists(), "a held lock survives the sweep");
         assert!(!dir.file("gone").exists(), "a free one does not");
         lock.release();
+    }
+
+    /// What is not a holder's file (a FIFO, which an open would wait on for a writer for ever;
+    /// a symbolic link, maybe a loop; a directory), under a lock file's name: the sweep of a
+    /// starting host and a standby's watch pass it over, at once, and leave it.
+    #[test]
+    fn what_is_not_a_lock_file_is_passed_over_without_waiting() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("holders");
+        std::fs::create_dir(&path).unwrap();
+        let fifo = path.join("fifo.lock");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("loop.lock", path.join("loop.lock")).unwrap();
+        std::fs::create_dir(path.join("dir.lock")).unwrap();
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let dir = HolderLockDir::open(&path).unwrap();
+            // A FIFO under the very name a holder's file would have.
+            let named = dir.file("h");
+            std::fs::rename(path.join("fifo.lock"), &named).unwrap();
+            let (gone, _) = mpsc::unbounded_channel();
+            let watched = Watch::start(&named, "slot/1", "h", gone).map(|w| w.is_some());
+            done.send(watched.unwrap()).unwrap();
+        });
+        let watched = finished
+            .recv_timeout(Duration::from_secs(10))
+            .expect("passed over at once, not waited on");
+        assert!(!watched, "no lock is known from what is not a lock file");
+        for name in ["loop.lock", "dir.lock"] {
+            assert!(
+                std::fs::symlink_metadata(tmp.path().join("holders").join(name)).is_ok(),
+                "{name} left"
+            );
+        }
     }
 }
