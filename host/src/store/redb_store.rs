@@ -432,12 +432,17 @@ fn bell_path(path: &Path) -> PathBuf {
 }
 
 /// The release bell at `bell`, opened for writing in place (created if missing): it is
-/// never truncated, so each ring is one write and one inotify event.
+/// never truncated, so each ring is one write and one inotify event. Opened without waiting
+/// and without following a link: a FIFO put in its place would wait for a reader, inside
+/// the release's write.
 fn open_bell(bell: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let flags = rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::NOFOLLOW;
     std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(false)
+        .custom_flags(flags.bits().cast_signed())
         .open(bell)
 }
 

@@ -618,3 +618,44 @@ async fn a_handover_removes_the_spent_candidacies() {
     assert_eq!(rows.0, ["other/x", "slot/1"]);
     assert_eq!(rows.1, ["other/x", "slot/1"]);
 }
+
+/// Opens the FIFO at its path for reading once, when dropped: a writer waiting to open it
+/// goes on.
+struct FifoReader(PathBuf);
+
+impl Drop for FifoReader {
+    fn drop(&mut self) {
+        let flags = rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NONBLOCK;
+        let _ = rustix::fs::open(&self.0, flags, rustix::fs::Mode::empty());
+    }
+}
+
+/// A FIFO in the release bell's place (nobody reading it) is not waited on: the release
+/// completes, and the next write too; waiters then see releases at their next poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_in_the_bells_place_does_not_hold_a_release_up() {
+    let clock = ManualClock::default();
+    let mut redb = Redb::new();
+    let s = redb.open(&clock).await;
+    let bell = bell_path(&redb.dir.path().join("store.redb"));
+    std::fs::remove_file(&bell).ok();
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &bell,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .unwrap();
+    // Should the test fail, a reader lets a write stuck on the FIFO go, so it ends.
+    let _reader = FifoReader(bell);
+    s.insert_if_absent("k", "a", TTL).await.unwrap().unwrap();
+    let released = tokio::time::timeout(Duration::from_secs(10), s.compare_and_delete("k", "a"))
+        .await
+        .expect("the release is not held up by the bell");
+    assert!(released.unwrap());
+    let again = tokio::time::timeout(Duration::from_secs(10), s.insert_if_absent("k", "b", TTL))
+        .await
+        .expect("nor the next write");
+    assert!(again.unwrap().is_some());
+}
