@@ -10,6 +10,8 @@
 //! terminal opened again through `/proc/self/fd/2`, non-blocking; a regular file a duplicate
 //! (it never waits for a reader). Anything else gets nothing.
 //!
+//! (`/proc` is required anyway: the store's clock reads the kernel's boot id there.)
+//!
 //! A line that finds no room is dropped, whole: the reader loses lines, the host keeps its
 //! lease. A line longer than the pipe's atomic write (`PIPE_BUF`, 4 KiB) may be cut by a
 //! reader that falls behind mid-line; the next line then starts on a line of its own.
