@@ -526,14 +526,7 @@ mod tests {
         let path = tmp.path().join("holders");
         std::fs::create_dir(&path).unwrap();
         let fifo = path.join("fifo.lock");
-        rustix::fs::mknodat(
-            rustix::fs::CWD,
-            &fifo,
-            rustix::fs::FileType::Fifo,
-            Mode::from_raw_mode(0o600),
-            0,
-        )
-        .unwrap();
+        testkit::fifo(&fifo);
         std::os::unix::fs::symlink("loop.lock", path.join("loop.lock")).unwrap();
         std::fs::create_dir(path.join("dir.lock")).unwrap();
         let (done, finished) = std::sync::mpsc::channel();

@@ -100,7 +100,8 @@ impl Stderr {
         let mut until = None;
         while !rest.is_empty() {
             match self.try_write(fd, rest) {
-                Ok(0) if until.is_none() && rest.len() == line.len() => return,
+                // No room for any of it: dropped whole.
+                Ok(0) if rest.len() == line.len() => return,
                 Ok(0) => {
                     let until = *until.get_or_insert_with(|| Instant::now() + REST_OF_LINE);
                     let left = until.saturating_duration_since(Instant::now());

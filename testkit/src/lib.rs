@@ -5,7 +5,8 @@
 //! - [`host`]: a running `vvm-host` process and its JSON log lines;
 //! - [`guests`]: the guest components of `guest-examples/`, built once per test binary;
 //! - [`logs`]: the tracing events of the test process, captured;
-//! - [`spread`]: spread placement as the hosts' logs show it.
+//! - [`spread`]: spread placement as the hosts' logs show it;
+//! - [`fifo`]: a FIFO where a file is expected.
 //!
 //! # Why this crate never depends on vvm-host
 //!
@@ -25,3 +26,16 @@ pub mod guests;
 pub mod host;
 pub mod logs;
 pub mod spread;
+
+/// Makes a FIFO at `path`: what a test puts where the host expects a file, since opening one
+/// waits for its other end unless told not to.
+pub fn fifo(path: &std::path::Path) {
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        path,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .unwrap();
+}

@@ -120,15 +120,7 @@ fn bad_input_is_one_line_that_gives_each_reason_once() {
         .unwrap()
         .set_len(1 << 40)
         .unwrap();
-    let fifo = dir.path().join("fifo.toml");
-    let made = rustix::fs::mknodat(
-        rustix::fs::CWD,
-        &fifo,
-        rustix::fs::FileType::Fifo,
-        rustix::fs::Mode::from_raw_mode(0o600),
-        0,
-    );
-    made.unwrap();
+    testkit::fifo(&dir.path().join("fifo.toml"));
     let etcd_ca = [
         "serve",
         "--store",

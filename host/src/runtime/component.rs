@@ -397,14 +397,7 @@ mod tests {
         assert!(refused.to_string().contains("too large"), "{refused}");
 
         let fifo = dir.path().join("fifo.wasm");
-        rustix::fs::mknodat(
-            rustix::fs::CWD,
-            &fifo,
-            rustix::fs::FileType::Fifo,
-            rustix::fs::Mode::from_raw_mode(0o600),
-            0,
-        )
-        .unwrap();
+        testkit::fifo(&fifo);
         let refused = read_service_file(&fifo).unwrap_err();
         assert!(
             matches!(refused, LoadErrorKind::Read(FileError::NotAFile)),

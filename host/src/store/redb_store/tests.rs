@@ -639,14 +639,7 @@ async fn a_fifo_in_the_bells_place_does_not_hold_a_release_up() {
     let s = redb.open(&clock).await;
     let bell = bell_path(&redb.dir.path().join("store.redb"));
     std::fs::remove_file(&bell).ok();
-    rustix::fs::mknodat(
-        rustix::fs::CWD,
-        &bell,
-        rustix::fs::FileType::Fifo,
-        rustix::fs::Mode::from_raw_mode(0o600),
-        0,
-    )
-    .unwrap();
+    testkit::fifo(&bell);
     // Should the test fail, a reader lets a write stuck on the FIFO go, so it ends.
     let _reader = FifoReader(bell);
     s.insert_if_absent("k", "a", TTL).await.unwrap().unwrap();
