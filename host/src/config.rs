@@ -67,6 +67,9 @@ pub struct FileConfig {
     pub grace_period: Option<Duration>,
     /// Memory cap per service instance, in MiB.
     pub memory_limit_mib: Option<u64>,
+    /// The most handles (open files, sockets, streams, timers) one service instance may
+    /// hold at once.
+    pub handle_limit: Option<u32>,
     /// Directory of the compiled-component cache.
     pub cache_dir: Option<PathBuf>,
     /// Address of the operations endpoint (`/healthz`, `/leader`, `/metrics`), e.g.
@@ -205,6 +208,8 @@ pub const DEFAULT_ACQUISITION_TIMEOUT: Duration = Duration::from_mins(2);
 pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(5);
 /// The default memory cap per instance, MiB.
 pub const DEFAULT_MEMORY_LIMIT_MIB: u64 = 64;
+/// The default handle limit per instance.
+pub const DEFAULT_HANDLE_LIMIT: u32 = 4096;
 /// The default cluster size.
 pub const DEFAULT_CLUSTER_SIZE: u32 = 1;
 /// The default store: a redb file in the working directory.
@@ -242,6 +247,10 @@ pub const MAX_ACQUISITION_TIMEOUT: Duration = Duration::from_hours(720);
 pub const MAX_GRACE_PERIOD: Duration = Duration::from_hours(1);
 /// The largest memory cap per instance: all a 32-bit Wasm memory can address.
 pub const MAX_MEMORY_LIMIT_MIB: u64 = 4096;
+/// The smallest handle limit: a guest needs a few handles for its output and its waits.
+pub const MIN_HANDLE_LIMIT: u32 = 16;
+/// The largest handle limit: wasmtime's own bound on the handles a store's guest holds.
+pub const MAX_HANDLE_LIMIT: u32 = 100_000;
 /// The largest cluster size: every standby tries every slot each round.
 pub const MAX_CLUSTER_SIZE: u32 = 1024;
 /// The largest configuration file or PEM file (CA, certificate, key) read: far more than any
@@ -328,6 +337,8 @@ pub struct Settings {
     pub grace_period: Duration,
     /// Memory cap per instance, bytes.
     pub memory_limit: u64,
+    /// The most handles one instance may hold at once.
+    pub handle_limit: u32,
     /// Compiled-component cache directory.
     pub cache_dir: PathBuf,
     /// Per-service grants, as the file wrote them (`RuntimeConfig` parses them).
@@ -395,6 +406,10 @@ impl Settings {
                 .or(file.grace_period)
                 .unwrap_or(DEFAULT_GRACE_PERIOD),
             memory_limit: mib_to_bytes(memory_limit_mib),
+            handle_limit: flags
+                .handle_limit
+                .or(file.handle_limit)
+                .unwrap_or(DEFAULT_HANDLE_LIMIT),
             cache_dir: flags
                 .cache_dir
                 .or(file.cache_dir)
@@ -410,6 +425,7 @@ impl Settings {
             acquisition_timeout: settings.acquisition_timeout,
             grace_period: settings.grace_period,
             memory_limit_mib,
+            handle_limit: settings.handle_limit,
         })?;
         Ok(settings)
     }
@@ -428,6 +444,8 @@ pub struct Bounded {
     pub grace_period: Duration,
     /// Memory cap per instance, MiB.
     pub memory_limit_mib: u64,
+    /// Handle limit per instance.
+    pub handle_limit: u32,
 }
 
 /// Checks every bounded setting and the relations between settings that each parse fine
@@ -478,6 +496,15 @@ pub fn validate(v: &Bounded) -> Result<(), ConfigError> {
             format!(
                 "{} is out of range 1..={MAX_MEMORY_LIMIT_MIB}",
                 v.memory_limit_mib
+            ),
+        );
+    }
+    if !(MIN_HANDLE_LIMIT..=MAX_HANDLE_LIMIT).contains(&v.handle_limit) {
+        return invalid(
+            "handle-limit",
+            format!(
+                "{} is out of range {MIN_HANDLE_LIMIT}..={MAX_HANDLE_LIMIT}",
+                v.handle_limit
             ),
         );
     }
@@ -588,6 +615,7 @@ env = ["A=1"]
             acquisition_timeout: DEFAULT_ACQUISITION_TIMEOUT,
             grace_period: DEFAULT_GRACE_PERIOD,
             memory_limit_mib: DEFAULT_MEMORY_LIMIT_MIB,
+            handle_limit: DEFAULT_HANDLE_LIMIT,
         }
     }
 
@@ -637,6 +665,20 @@ env = ["A=1"]
                 "memory-limit-mib",
                 Bounded {
                     memory_limit_mib: u64::MAX,
+                    ..ok
+                },
+            ),
+            (
+                "handle-limit",
+                Bounded {
+                    handle_limit: MIN_HANDLE_LIMIT - 1,
+                    ..ok
+                },
+            ),
+            (
+                "handle-limit",
+                Bounded {
+                    handle_limit: MAX_HANDLE_LIMIT + 1,
                     ..ok
                 },
             ),

@@ -275,6 +275,7 @@ fn needs_restart(a: &Settings, b: &Settings) -> Vec<&'static str> {
         ),
         ("grace-period", a.grace_period != b.grace_period),
         ("memory-limit-mib", a.memory_limit != b.memory_limit),
+        ("handle-limit", a.handle_limit != b.handle_limit),
         ("cache-dir", a.cache_dir != b.cache_dir),
         ("metrics-addr", a.metrics_addr != b.metrics_addr),
         ("lock-dir", a.lock_dir != b.lock_dir),

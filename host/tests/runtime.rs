@@ -270,6 +270,34 @@ async fn a_memory_hog_is_stopped_at_the_cap() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_that_never_gives_a_handle_back_is_stopped_at_its_limit() {
+    // Timers: host memory, no descriptors, so only the setting bounds them.
+    let (_dir, mut config) = setup(&[("test/leak", "leak")]);
+    config.handle_limit = 64;
+    config.restart = RestartPolicy {
+        initial_backoff: Duration::from_millis(10),
+        max_failures: 2,
+        ..RestartPolicy::default()
+    };
+    let (services, _) = WasmServices::load(config).unwrap();
+    let l = lease(far_deadline()).await;
+    let running = services.start(l.ctx.clone()).await.unwrap();
+    let problem = tokio::time::timeout(Duration::from_secs(10), l.ctx.problems.wait())
+        .await
+        .expect("the leak fails at its limit");
+    let Problem::Service { name, reason } = problem else {
+        panic!("{problem:?}")
+    };
+    assert_eq!(name, "leak");
+    assert!(
+        reason.contains("more than its 64 handles") && reason.contains("handle-limit"),
+        "{reason}"
+    );
+    assert_eq!(logs::count("leak", "leaking timers"), 2);
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_guest_is_restarted_with_backoff_then_escalated() {
     let (_dir, mut config) = setup(&[("test/trap", "trapper")]);
     config.restart = RestartPolicy {

@@ -431,3 +431,59 @@ fn a_guest_writing_kv_at_full_speed_does_not_starve_the_renewals() {
     a.signal(Signal::TERM);
     assert!(a.wait_exit().success());
 }
+
+/// A granted guest that opens files and never closes them cannot take the descriptors the
+/// host needs. With an open file limit of 1024 the guest traps at its share (1024 less the
+/// 256 the host keeps), naming the handle limit; meanwhile the host re-reads its
+/// configuration on SIGHUP and answers `/healthz`, which both need a new descriptor.
+#[test]
+fn a_guest_that_leaks_descriptors_cannot_take_the_hosts() {
+    const LIMIT: usize = 1024;
+    let dir = tempfile::tempdir().unwrap();
+    let services = dir.path().join("services");
+    std::fs::create_dir(&services).unwrap();
+    guests::install(&services, &[("test/leak", "leak")]);
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let config = format!("[service.leak]\ndirs = [\"{}:/data\"]\n", data.display());
+    std::fs::write(dir.path().join("vvm.toml"), config).unwrap();
+    let nofile = format!("--nofile={LIMIT}:{LIMIT}");
+    let args = [
+        nofile.as_str(),
+        BIN,
+        "serve",
+        "--lease",
+        "2s",
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ];
+    // `prlimit` sets the limit and execs the host: the pid is the host's.
+    let mut host = Host::start("prlimit", "a", dir.path(), &args, "info");
+    let listening = host.wait_for(&["operations endpoint listening"]);
+    let v: serde_json::Value = serde_json::from_str(&listening.text).unwrap();
+    let health = format!("http://{}/healthz", v["fields"]["addr"].as_str().unwrap());
+    host.wait_for(&["leaking files"]);
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{}/fd", host.pid()))
+            .unwrap()
+            .count()
+    };
+    let mut most = 0;
+    for _ in 0..20 {
+        most = most.max(fds());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        most < LIMIT - 128,
+        "the host had {most} of its {LIMIT} descriptors open"
+    );
+    let failed = host.wait_for(&["service failed"]);
+    assert!(failed.text.contains("handle-limit"), "{}", failed.text);
+    let from = host.mark();
+    host.signal(Signal::HUP);
+    let (_, reloaded) = host.wait_for_from(from, &["reloaded"]);
+    assert!(!reloaded.text.contains("not reloaded"), "{}", reloaded.text);
+    assert_eq!(crate::ops::get(&health).0, 200);
+    host.signal(Signal::TERM);
+    assert!(host.wait_exit().success());
+}

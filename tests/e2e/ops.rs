@@ -41,7 +41,7 @@ fn serve_with_endpoint(name: &'static str, dir: &Path) -> (Host, String) {
 }
 
 /// GET `url`: the status code and the body.
-fn get(url: &str) -> (u16, String) {
+pub(crate) fn get(url: &str) -> (u16, String) {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(Duration::from_secs(10)))

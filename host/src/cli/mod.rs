@@ -180,6 +180,11 @@ pub struct ServeArgs {
     #[arg(long, env = "VVM_MEMORY_LIMIT_MIB",
         help = format!("Memory cap per service instance, MiB [default: {}]", config::DEFAULT_MEMORY_LIMIT_MIB))]
     pub memory_limit_mib: Option<u64>,
+    /// The most handles (open files, sockets, streams, timers) one service instance may hold
+    /// at once [default: [`config::DEFAULT_HANDLE_LIMIT`]].
+    #[arg(long, env = "VVM_HANDLE_LIMIT",
+        help = format!("The most handles (open files, sockets, streams, timers) one service instance may hold at once [default: {}]", config::DEFAULT_HANDLE_LIMIT))]
+    pub handle_limit: Option<u32>,
     /// Directory of the compiled-component cache [default: [`config::default_cache_dir`]].
     #[arg(long, env = "VVM_CACHE_DIR",
         help = format!("Directory of the compiled-component cache [default: <services>/{}]", config::CACHE_DIR_NAME))]
@@ -238,6 +243,7 @@ impl ServeArgs {
             acquisition_timeout: self.acquisition_timeout,
             grace_period: self.grace_period,
             memory_limit_mib: self.memory_limit_mib,
+            handle_limit: self.handle_limit,
             cache_dir: self.cache_dir.clone(),
             metrics_addr: self.metrics_addr,
             lock_dir: self.lock_dir.clone(),
@@ -425,6 +431,7 @@ mod tests {
             && s.acquisition_timeout <= config::MAX_ACQUISITION_TIMEOUT
             && s.grace_period <= config::MAX_GRACE_PERIOD
             && (1..=config::mib_to_bytes(config::MAX_MEMORY_LIMIT_MIB)).contains(&s.memory_limit)
+            && (config::MIN_HANDLE_LIMIT..=config::MAX_HANDLE_LIMIT).contains(&s.handle_limit)
             && s.metrics_addr.is_some()
     }
 
@@ -442,6 +449,7 @@ mod tests {
             grace in duration_text(),
             cluster in any::<u32>(),
             memory in any::<u64>(),
+            handles in any::<u32>(),
             metrics_addr in prop_oneof![
                 "[0-9a-z.:\\[\\] ]{0,24}",
                 (any::<[u8; 4]>(), any::<u16>())
@@ -451,19 +459,22 @@ mod tests {
             let file = format!(
                 "lease = \"{lease}\"\nacquisition-timeout = \"{acquisition}\"\n\
                  grace-period = \"{grace}\"\ncluster-size = {cluster}\n\
-                 memory-limit-mib = {memory}\nmetrics-addr = \"{metrics_addr}\"\n"
+                 memory-limit-mib = {memory}\nhandle-limit = {handles}\n\
+                 metrics-addr = \"{metrics_addr}\"\n"
             );
-            let (cluster, memory) = (cluster.to_string(), memory.to_string());
+            let (cluster, memory, handles) =
+                (cluster.to_string(), memory.to_string(), handles.to_string());
             let flags = [
                 "--lease", &lease, "--acquisition-timeout", &acquisition,
                 "--grace-period", &grace, "--cluster-size", &cluster,
-                "--memory-limit-mib", &memory, "--metrics-addr", &metrics_addr,
+                "--memory-limit-mib", &memory, "--handle-limit", &handles,
+                "--metrics-addr", &metrics_addr,
             ];
             for outcome in resolve_both(&file, &flags) {
                 match outcome {
                     Ok(settings) => prop_assert!(within_bounds(&settings), "{settings:?}"),
                     Err(message) => prop_assert!(
-                        ["lease", "acquisition", "grace", "cluster", "memory", "duration", "metrics-addr"]
+                        ["lease", "acquisition", "grace", "cluster", "memory", "handle", "duration", "metrics-addr"]
                             .iter()
                             .any(|name| message.contains(name)),
                         "{message}"

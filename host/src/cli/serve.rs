@@ -41,6 +41,8 @@ pub(super) async fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     let settings = args.settings()?;
     // Signals first: a signal during start-up must not kill the process untidily.
     let mut signals = Signals::new().context("installing signal handlers")?;
+    // Before the runtime reads it, to share descriptors out among granted guests.
+    crate::runtime::raise_descriptor_limit();
     let _endpoint = crate::ops::Endpoint::start_if(settings.metrics_addr)?;
     let stop = CancellationToken::new();
     let (reload, reloads) = tokio::sync::mpsc::unbounded_channel();

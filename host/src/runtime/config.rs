@@ -22,6 +22,10 @@ pub struct RuntimeConfig {
     /// The most linear memory one instance may use, in bytes. Default
     /// [`config::DEFAULT_MEMORY_LIMIT_MIB`] MiB.
     pub memory_cap: usize,
+    /// The most handles (open files, sockets, streams, timers) one instance may hold at once;
+    /// less for a service granted directories or network if the process's descriptors are
+    /// too few to give each that many (`handles`). Default [`config::DEFAULT_HANDLE_LIMIT`].
+    pub handle_limit: u32,
     /// How often the epoch ticks: the longest a spinning guest runs before the host can
     /// interrupt it. Default 1 ms.
     pub epoch_tick: Duration,
@@ -48,6 +52,7 @@ impl RuntimeConfig {
             services_dir,
             grace_period: config::DEFAULT_GRACE_PERIOD,
             memory_cap: memory_cap(config::mib_to_bytes(config::DEFAULT_MEMORY_LIMIT_MIB)),
+            handle_limit: config::DEFAULT_HANDLE_LIMIT,
             epoch_tick: Duration::from_millis(1),
             pooling: false,
             max_instances: 1000,
@@ -67,6 +72,7 @@ impl RuntimeConfig {
         config.cache_dir.clone_from(&settings.cache_dir);
         config.grace_period = settings.grace_period;
         config.memory_cap = memory_cap(settings.memory_limit);
+        config.handle_limit = settings.handle_limit;
         for (name, grant) in &settings.grants {
             config.grants.insert(name.clone(), grants(name, grant)?);
         }

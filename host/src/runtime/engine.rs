@@ -20,6 +20,8 @@ pub(crate) struct Runtime {
     pub engine: Engine,
     /// The grants of every service, replaced when the configuration file is re-read.
     grants: RwLock<Arc<HashMap<String, Grants>>>,
+    /// The open file limit at start, which the granted services' handles share.
+    descriptors: u64,
     /// Stops ticking when the last supervisor is gone.
     _ticker: EpochTicker,
 }
@@ -33,6 +35,7 @@ impl Runtime {
         let ticker = EpochTicker::start(&engine, config.epoch_tick)?;
         Ok(Self {
             grants: RwLock::new(Arc::new(config.grants.clone())),
+            descriptors: super::handles::descriptor_limit(),
             config,
             engine,
             _ticker: ticker,
@@ -43,6 +46,12 @@ impl Runtime {
     pub(crate) fn grants(&self) -> Arc<HashMap<String, Grants>> {
         // Replaced whole under the lock: a poisoned lock still holds a complete map.
         Arc::clone(&self.grants.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// The most handles an instance of `service` with the grants `all` may hold
+    /// ([`super::handles::instance_cap`]).
+    pub(crate) fn handle_cap(&self, service: &str, all: &HashMap<String, Grants>) -> usize {
+        super::handles::instance_cap(service, self.config.handle_limit, all, self.descriptors)
     }
 
     /// Replaces the grants; services started from now on get the new ones.

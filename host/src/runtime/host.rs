@@ -45,18 +45,21 @@ pub(crate) fn linker(engine: &Engine) -> Result<Linker<Host>, RuntimeError> {
 }
 
 /// A fresh store for one instance of the service `env`: its own WASI context (with only what
-/// `grants` allow), memory cap, the per-call fence, and an epoch deadline that yields every
+/// `grants` allow), memory cap, at most `handle_cap` handles, the per-call fence, and an epoch deadline that yields every
 /// tick and traps once the lease deadline has passed.
 pub(crate) fn new_store(
     engine: &Engine,
     env: &Arc<ServiceEnv>,
     config: &RuntimeConfig,
     grants: Option<&Grants>,
+    handle_cap: usize,
 ) -> wasmtime::Result<Store<Host>> {
+    let mut table = ResourceTable::new();
+    table.set_max_capacity(handle_cap);
     let host = Host {
         env: Arc::clone(env),
         wasi: wasi_ctx(env, grants)?,
-        table: ResourceTable::new(),
+        table,
         limits: StoreLimitsBuilder::new()
             .memory_size(config.memory_cap)
             .trap_on_grow_failure(true)

@@ -2,6 +2,8 @@
 //!
 //! - `config`: [`RuntimeConfig`] (directories, limits, grants, restart policy).
 //! - `stacks`: the fiber stacks of the on-demand allocator, mapped once and reused.
+//! - `handles`: how many handles an instance may hold, and the guests' share of the
+//!   process's file descriptors.
 //! - `engine`: the wasmtime [`wasmtime::Engine`], the epoch ticker thread, and the `Runtime`
 //!   (engine, ticker, configuration) every supervisor shares.
 //! - `component`: discovery, compilation with an on-disk cache, world classification.
@@ -18,7 +20,7 @@
 //! - `wasm_services`: [`WasmServices`], the [`crate::services::Services`] the lifecycle starts.
 //!
 //! Dependencies point one way, in this order (each uses only modules before it): `config`,
-//! `stacks`, `engine`, `env`, `fence`, `output`, `host`, `component`, `supervisor`, `live_dir`,
+//! `handles`, `stacks`, `engine`, `env`, `fence`, `output`, `host`, `component`, `supervisor`, `live_dir`,
 //! `reconcile`, `wasm_services`.
 
 mod component;
@@ -26,6 +28,7 @@ mod config;
 mod engine;
 mod env;
 mod fence;
+mod handles;
 mod host;
 mod live_dir;
 mod output;
@@ -37,6 +40,7 @@ mod wasm_services;
 
 pub use component::{LoadError, LoadErrorKind, LoadStats, ServiceKind};
 pub use config::{DirGrant, Grants, KvLimits, RestartPolicy, RuntimeConfig};
+pub use handles::raise_descriptor_limit;
 pub use wasm_services::{CheckReport, WasmServices, check};
 
 use std::path::PathBuf;

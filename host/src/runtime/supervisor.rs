@@ -11,6 +11,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use wasmtime::Trap;
+use wasmtime::component::ResourceTableError;
 use wasmtime_wasi::I32Exit;
 
 use super::component::{Loaded, Pre};
@@ -138,7 +139,8 @@ async fn run_once(
     let service = &*env.name;
     // The grants as they are now: a re-read configuration applies from the next start.
     let grants = rt.grants();
-    let mut store = match new_store(&rt.engine, env, &rt.config, grants.get(&*env.name)) {
+    let handles = rt.handle_cap(service, &grants);
+    let mut store = match new_store(&rt.engine, env, &rt.config, grants.get(service), handles) {
         Ok(store) => store,
         Err(e) => {
             started.take();
@@ -156,7 +158,7 @@ async fn run_once(
             };
             tracing::info!(service, kind = "service", "service running");
             let _running = Ops::global().service_running();
-            finish(env, Some(grace), instance.call_run(&mut store)).await
+            finish(env, Some(grace), handles, instance.call_run(&mut store)).await
         }
         Pre::Command(pre) => {
             let instance = pre.instantiate_async(&mut store).await;
@@ -172,7 +174,7 @@ async fn run_once(
                 r.map(|r| r.map_err(|()| "the command exited with an error".to_owned()))
             };
             // A command cannot hear the stop signal: no grace period.
-            finish(env, None, run).await
+            finish(env, None, handles, run).await
         }
     }
 }
@@ -194,28 +196,30 @@ async fn created(started: &mut Option<FirstStart>) {
 }
 
 /// Awaits `run`, or, once the service must stop, gives it `grace` (if any) and then drops it.
+/// `handles` is the instance's handle cap, for the reason of a failure at it.
 async fn finish(
     env: &ServiceEnv,
     grace: Option<Duration>,
+    handles: usize,
     run: impl Future<Output = wasmtime::Result<Result<(), String>>>,
 ) -> Outcome {
     let service = &*env.name;
     tokio::pin!(run);
     tokio::select! {
         biased;
-        r = &mut run => outcome(r),
+        r = &mut run => outcome(r, handles),
         () = env.stopping.cancelled() => {
             let Some(grace) = grace else {
                 tracing::info!(service, "stopping: command dropped at once");
                 return Outcome::Stopped;
             };
-            if let Ok(r) = tokio::time::timeout(grace, &mut run).await { tracing::info!(service, outcome = ?outcome(r), "stopped within grace") } else { tracing::warn!(service, ?grace, "grace period over: instance dropped") }
+            if let Ok(r) = tokio::time::timeout(grace, &mut run).await { tracing::info!(service, outcome = ?outcome(r, handles), "stopped within grace") } else { tracing::warn!(service, ?grace, "grace period over: instance dropped") }
             Outcome::Stopped
         }
     }
 }
 
-fn outcome(r: wasmtime::Result<Result<(), String>>) -> Outcome {
+fn outcome(r: wasmtime::Result<Result<(), String>>, handles: usize) -> Outcome {
     match r {
         Ok(Ok(())) => Outcome::Returned,
         Ok(Err(message)) => Outcome::Failed(format!("run returned an error: {message}")),
@@ -223,6 +227,16 @@ fn outcome(r: wasmtime::Result<Result<(), String>>) -> Outcome {
         Err(e) => match e.downcast_ref::<I32Exit>() {
             Some(I32Exit(0)) => Outcome::Returned,
             Some(I32Exit(code)) => Outcome::Failed(format!("exited with code {code}")),
+            None if matches!(
+                e.root_cause().downcast_ref::<ResourceTableError>(),
+                Some(ResourceTableError::Full)
+            ) =>
+            {
+                Outcome::Failed(format!(
+                    "trapped: it tried to hold more than its {handles} handles at once \
+                     (files, sockets, streams, timers; see handle-limit)"
+                ))
+            }
             None => failed("trapped", &e),
         },
     }
