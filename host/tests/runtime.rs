@@ -501,6 +501,88 @@ fn a_compile_cache_hit_skips_compilation() {
     assert_eq!((third.stats().compiled, third.stats().cache_hits), (2, 0));
 }
 
+/// The compile cache keeps what is used and drops what no host has used for a week: entries
+/// of old versions and old engines, and temporary files of writes that died. Files it did not
+/// write stay, and so does an old entry that is used again.
+#[test]
+fn the_compile_cache_drops_entries_unused_for_a_week() {
+    let (dir, config) = setup(&[("rust-ticker", "ticker")]);
+    let cache = dir.path().join("cache");
+    WasmServices::load(config.clone()).unwrap();
+    let Ok([ticker]) = <[String; 1]>::try_from(names(&cache)) else {
+        panic!("{:?}", names(&cache))
+    };
+    let hex = |c: char| c.to_string().repeat(64);
+    let files = [
+        (format!("{}.cwasm", hex('a')), 8),      // an old version: dropped
+        (format!("{}.cwasm", hex('b')), 6),      // used within the week: kept
+        (format!("{}.tmp4242", hex('c')), 8),    // a write that died: dropped
+        (format!("{}.tmp4243", hex('d')), 0),    // a write under way: kept
+        ("notes.txt".to_owned(), 30),            // not the cache's: kept
+        (format!("{}.cwasm.bak", hex('e')), 30), // not a name it writes: kept
+    ];
+    for (name, _) in &files {
+        std::fs::write(cache.join(name), b"x").unwrap();
+    }
+    for (name, days) in files
+        .iter()
+        .map(|(n, d)| (n.as_str(), *d))
+        .chain([(ticker.as_str(), 8)])
+    {
+        let then = std::time::SystemTime::now() - Duration::from_hours(24 * days);
+        std::fs::File::options()
+            .write(true)
+            .open(cache.join(name))
+            .unwrap()
+            .set_modified(then)
+            .unwrap();
+    }
+    let (again, _) = WasmServices::load(config).unwrap();
+    assert_eq!(
+        again.stats().cache_hits,
+        1,
+        "the old entry in use is loaded"
+    );
+    let mut kept = vec![
+        ticker.clone(),
+        format!("{}.cwasm", hex('b')),
+        format!("{}.tmp4243", hex('d')),
+        "notes.txt".to_owned(),
+        format!("{}.cwasm.bak", hex('e')),
+    ];
+    kept.sort();
+    assert_eq!(names(&cache), kept);
+}
+
+/// The names of the files in `dir`, sorted.
+fn names(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
+}
+
+/// A cache write that fails (here: its name is taken by a directory) leaves no temporary
+/// file behind; the service loads all the same.
+#[test]
+fn a_failed_cache_write_leaves_nothing_behind() {
+    let (dir, config) = setup(&[("rust-ticker", "ticker")]);
+    let cache = dir.path().join("cache");
+    WasmServices::load(config.clone()).unwrap();
+    let Ok([entry]) = <[String; 1]>::try_from(names(&cache)) else {
+        panic!("{:?}", names(&cache))
+    };
+    std::fs::remove_file(cache.join(&entry)).unwrap();
+    std::fs::create_dir(cache.join(&entry)).unwrap();
+    std::fs::write(cache.join(&entry).join("in-the-way"), b"").unwrap();
+    let (again, errors) = WasmServices::load(config).unwrap();
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(again.stats().compiled, 1);
+    assert_eq!(names(&cache), [entry]);
+}
+
 #[test]
 fn check_reports_every_file() {
     let (_dir, config) = setup(&[("rust-ticker", "ok-ticker"), ("test/empty", "broken")]);

@@ -5,6 +5,7 @@
 use std::fmt::{self, Write as _};
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use wasmtime::Engine;
@@ -218,8 +219,9 @@ impl Compiler<'_> {
             // `Component::serialize` for a compatible engine. The cache directory is written
             // only by this function (under a name that includes the hash of the engine's
             // compatibility configuration and of the source bytes), with a temporary file
-            // renamed into place, so a file at this name is a complete serialization of
-            // these bytes by an engine like this one. wasmtime still checks the header and
+            // flushed to disk and then renamed into place (`write_cache`), so a file at this
+            // name is a complete serialization of these bytes by an engine like this one,
+            // also after a crash or a power loss. wasmtime still checks the header and
             // engine compatibility; what it cannot check is deliberate tampering, and the
             // cache directory must be as trusted as the services directory itself. The file
             // is memory-mapped for the component's life: entries are only ever replaced by
@@ -229,6 +231,12 @@ impl Compiler<'_> {
             match loaded {
                 Ok(component) => {
                     self.stats.cache_hits += 1;
+                    // Used now: kept for another `CACHE_KEEP` (`prune_cache`). Its time only;
+                    // the mapped contents are not touched.
+                    let _ = std::fs::File::options()
+                        .write(true)
+                        .open(&cached)
+                        .and_then(|f| f.set_modified(std::time::SystemTime::now()));
                     return Ok(component);
                 }
                 Err(e) => tracing::warn!(
@@ -284,12 +292,80 @@ impl Hasher for ShaHasher {
     }
 }
 
+/// How long a compile cache entry that no host has used is kept. Entries are keyed by a
+/// component's bytes and the engine, so each new version of a service, and each upgrade of
+/// vvm-host, leaves the old ones unused for good.
+const CACHE_KEEP: Duration = Duration::from_hours(7 * 24);
+/// How long a cache write's temporary file may stand: one left by a process that died in the
+/// middle of a write is removed after this.
+const TEMPORARY_KEEP: Duration = Duration::from_hours(1);
+
+/// Removes from the compile cache `dir` the entries no host has used (loaded, or written) for
+/// [`CACHE_KEEP`], and temporary files older than an hour. Only names this module writes are
+/// touched, so a cache directory shared by hosts, or pointed at a directory holding other
+/// files, loses nothing else; an entry another host still has mapped stays readable to it.
+/// Best effort: what cannot be read or removed stays. Returns how many files were removed.
+pub(crate) fn prune_cache(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let now = std::time::SystemTime::now();
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(keep) = name.to_str().and_then(cache_file_keep) else {
+            continue;
+        };
+        let unused = entry
+            .metadata()
+            .ok()
+            .filter(std::fs::Metadata::is_file)
+            .and_then(|meta| meta.modified().ok())
+            .and_then(|modified| now.duration_since(modified).ok());
+        if unused.is_some_and(|unused| unused > keep) && std::fs::remove_file(entry.path()).is_ok()
+        {
+            removed += 1;
+        }
+    }
+    if removed > 0 {
+        tracing::info!(dir = %dir.display(), removed, "unused compile cache entries removed");
+    }
+    removed
+}
+
+/// How long a file named `name` in the cache may go unused, if it is one this module writes:
+/// `<sha-256 hex>.cwasm`, or `<sha-256 hex>.tmp<pid>` while being written.
+fn cache_file_keep(name: &str) -> Option<Duration> {
+    let (key, extension) = name.split_once('.')?;
+    if key.len() != 64 || !key.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    match extension.strip_prefix("tmp") {
+        _ if extension == "cwasm" => Some(CACHE_KEEP),
+        Some(pid) if !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()) => {
+            Some(TEMPORARY_KEEP)
+        }
+        _ => None,
+    }
+}
+
 fn write_cache(component: &Component, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    use std::io::Write as _;
     let bytes = component.serialize().map_err(|e| format!("{e:#}"))?;
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path)?;
-    Ok(())
+    let written = (|| {
+        let mut file = std::fs::File::create(&tmp)?;
+        file.write_all(&bytes)?;
+        // On disk before it has its name: after a power loss the name must not stand for a
+        // file whose blocks were never written (see the SAFETY note in `Compiler::component`).
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        // A full disk, say: no half-written file left behind for each try.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    Ok(written?)
 }
 
 /// Rejects files that cannot be components with a precise reason, before wasmtime's parser.

@@ -27,8 +27,8 @@ use wasmtime::component::Linker;
 
 use super::RuntimeError;
 use super::component::{
-    Compiler, LoadError, LoadErrorKind, LoadStats, Loaded, discover, read_service_file,
-    service_name, version_of,
+    Compiler, LoadError, LoadErrorKind, LoadStats, Loaded, discover, prune_cache,
+    read_service_file, service_name, version_of,
 };
 use super::engine::Runtime;
 use super::env::Host;
@@ -421,6 +421,10 @@ impl Follower {
         let loaded = compiler.load(&path, &self.linker);
         let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         let compiled = compiler.stats.compiled > 0;
+        if compiled {
+            // A new version: the cache gained an entry, and may hold ones long unused.
+            prune_cache(&self.rt.config.cache_dir);
+        }
         match loaded {
             Ok(loaded) => {
                 self.rejected.remove(name);

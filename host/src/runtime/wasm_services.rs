@@ -84,6 +84,7 @@ impl WasmServices {
             progress.done();
         }
         drop(progress);
+        component::prune_cache(&config.cache_dir);
         let stats = compiler.stats;
         tracing::info!(
             services = services.len(),
