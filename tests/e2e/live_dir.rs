@@ -437,3 +437,47 @@ fn a_killed_leader_whose_record_lists_its_services_is_taken_over_at_once() {
     b.signal(Signal::TERM);
     assert!(b.wait_exit().success());
 }
+
+/// The services directory is followed by its path, not by the directory it named at start:
+/// a release flipped in by renaming a symlink over it (the usual atomic deploy), and a
+/// directory removed and made again, are both followed within about a second.
+#[test]
+fn a_services_directory_swapped_or_made_again_is_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let release = |name: &str, services: &[&str]| {
+        let path = dir.path().join("releases").join(name);
+        std::fs::create_dir_all(&path).unwrap();
+        for service in services {
+            std::fs::copy(
+                guests::guest("rust-ticker"),
+                path.join(format!("{service}.wasm")),
+            )
+            .unwrap();
+        }
+        path
+    };
+    let services = dir.path().join("services");
+    std::os::unix::fs::symlink(release("v1", &["one"]), &services).unwrap();
+    let a = host("a", dir.path());
+    a.wait_for(&["ticker started", &tag("one")]);
+
+    // Flip: a new symlink renamed over the old one.
+    let from = a.mark();
+    let next = dir.path().join("services.next");
+    std::os::unix::fs::symlink(release("v2", &["one", "two"]), &next).unwrap();
+    std::fs::rename(&next, &services).unwrap();
+    a.wait_for_from(from, &["ticker started", &tag("two")]);
+    assert!(
+        lines_with(&a, from, &["service removed"]).is_empty(),
+        "`one` is in both releases"
+    );
+
+    // Gone, then made again with other contents.
+    let from = a.mark();
+    std::fs::remove_file(&services).unwrap();
+    a.wait_for_from(from, &["service removed", &tag("two")]);
+    std::fs::create_dir(&services).unwrap();
+    std::fs::copy(guests::guest("rust-ticker"), services.join("three.wasm")).unwrap();
+    a.wait_for_from(from, &["ticker started", &tag("three")]);
+    a.wait_for_from(from, &["service removed", &tag("one")]);
+}

@@ -12,6 +12,12 @@
 //! loaded from the cache) off the async runtime, one at a time, and replaces the old version
 //! only if it loads: a bad replacement leaves the old one in the catalogue, and the error names
 //! the file and the reason.
+//!
+//! The directory is followed by its path: inotify watches the directory the path named when
+//! the watch began, so every [`RECHECK`] the follower compares what the path names now (device
+//! and inode, through a symlink) with what it watches. A release flipped in by renaming a
+//! symlink over the path, or a directory removed and made again, is watched afresh and every
+//! file looked at.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -42,6 +48,8 @@ const SETTLE: Duration = Duration::from_millis(100);
 /// How long a change that no close or rename completes waits, with nobody holding the file
 /// open and its size and mtime unchanged, before the file is looked at.
 const QUIET: Duration = Duration::from_secs(1);
+/// How often the follower checks that the services path still names the directory it watches.
+const RECHECK: Duration = Duration::from_secs(1);
 /// Loading a component at least this large logs that it started, and then how long it took.
 const LARGE: u64 = 1 << 20;
 
@@ -226,7 +234,6 @@ impl Debouncer {
 /// debounces events and loads changed files into the catalogue. Dropping it stops the watcher
 /// and joins the thread (after the load in progress, if any).
 pub(crate) struct LiveDir {
-    watcher: Option<RecommendedWatcher>,
     stop: Arc<AtomicBool>,
     wake: mpsc::Sender<Option<notify::Result<notify::Event>>>,
     thread: Option<JoinHandle<()>>,
@@ -263,6 +270,8 @@ impl LiveDir {
             .map_err(watch_err)?;
         let stop = Arc::new(AtomicBool::new(false));
         let mut follower = Follower {
+            watched: identity(&dir),
+            watcher,
             dir: dir.clone(),
             rt,
             linker,
@@ -280,7 +289,6 @@ impl LiveDir {
             })?;
         tracing::info!(dir = %dir.display(), "following the services directory");
         Ok(Self {
-            watcher: Some(watcher),
             stop,
             wake: tx,
             thread: Some(thread),
@@ -291,7 +299,6 @@ impl LiveDir {
 impl Drop for LiveDir {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
-        drop(self.watcher.take());
         let _ = self.wake.send(None);
         if let Some(thread) = self.thread.take() {
             // The thread checks `stop` between files and ends at once when woken.
@@ -300,8 +307,21 @@ impl Drop for LiveDir {
     }
 }
 
+/// The directory a path names now (device, inode), through symlinks; `None` if none.
+fn identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(path)
+        .ok()
+        .filter(std::fs::Metadata::is_dir)
+        .map(|meta| (meta.dev(), meta.ino()))
+}
+
 /// The thread's side of a [`LiveDir`].
 struct Follower {
+    /// Watches `dir`; dropped with the thread, which ends the watch.
+    watcher: RecommendedWatcher,
+    /// The directory the watch began on ([`identity`]).
+    watched: Option<(u64, u64)>,
     dir: PathBuf,
     rt: Arc<Runtime>,
     linker: Linker<Host>,
@@ -316,13 +336,15 @@ impl Follower {
     fn run(&mut self, events: &mpsc::Receiver<Option<notify::Result<notify::Event>>>) {
         let mut debouncer = Debouncer::default();
         self.rescan(&mut debouncer);
+        let mut recheck = self.clock.now();
         loop {
-            let next = match debouncer.next_due(self.clock.now()) {
-                Some(wait) => events.recv_timeout(wait),
-                None => events
-                    .recv()
-                    .map_err(|_| mpsc::RecvTimeoutError::Disconnected),
-            };
+            let now = self.clock.now();
+            if since(recheck, now) >= RECHECK {
+                recheck = now;
+                self.recheck(&mut debouncer);
+            }
+            let wait = RECHECK.saturating_sub(since(recheck, now));
+            let next = events.recv_timeout(debouncer.next_due(now).map_or(wait, |d| d.min(wait)));
             match next {
                 Ok(Some(Ok(event))) => self.note(&mut debouncer, &event),
                 Ok(Some(Err(e))) => {
@@ -365,12 +387,39 @@ impl Follower {
         }
     }
 
+    /// If the services path names another directory than the one watched (or none, or one
+    /// again), watches what it names now and looks at every file.
+    fn recheck(&mut self, debouncer: &mut Debouncer) {
+        let now = identity(&self.dir);
+        if now == self.watched {
+            return;
+        }
+        // The old watch may be gone with its directory already.
+        let _ = self.watcher.unwatch(&self.dir);
+        self.watched = now;
+        let dir = self.dir.display();
+        if now.is_none() {
+            tracing::warn!(dir = %dir, "the services directory is gone: its services stop");
+        } else if let Err(e) = self.watcher.watch(&self.dir, RecursiveMode::NonRecursive) {
+            // Looked at again at the next recheck.
+            self.watched = None;
+            tracing::warn!(dir = %dir, error = %e, "cannot watch the services directory");
+        } else {
+            tracing::info!(dir = %dir, "the services path names a new directory: following it");
+        }
+        self.rescan(debouncer);
+    }
+
     /// Every service file on disk, and every service in the catalogue, is looked at.
     fn rescan(&self, debouncer: &mut Debouncer) {
         let mut names: Vec<String> = self.catalogue.borrow().keys().cloned().collect();
         match discover(&self.dir) {
             Ok(files) => names.extend(files.iter().filter_map(|p| service_name(p))),
-            Err(e) => tracing::warn!(error = %e, "cannot list the services directory"),
+            // A directory that is gone is told by `recheck`, once.
+            Err(e) if identity(&self.dir).is_some() => {
+                tracing::warn!(error = %e, "cannot list the services directory");
+            }
+            Err(_) => {}
         }
         debouncer.note_all(names.iter().map(String::as_str), self.clock.now());
     }
