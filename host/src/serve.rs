@@ -9,6 +9,7 @@
 //! The services directory is followed while serving (SPEC §6): on leaders and standbys alike,
 //! so a standby that takes over runs the services as they are now, compiled already.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -58,7 +59,11 @@ pub async fn serve_until_reloading(
     tokio::pin!(shutdown);
     let store = store::open(&settings, false).await?;
     crate::placement::refuse_mixed(&*store.shared(), settings.placement).await?;
-    let wasm = load_services(&settings).await?;
+    let Some(wasm) = load_services(&settings, shutdown.as_mut()).await? else {
+        store.close().await;
+        tracing::info!(store = settings.store, "store closed");
+        return Ok(());
+    };
     let services: Arc<dyn Services> = Arc::clone(&wasm) as Arc<dyn Services>;
     let reloading = AbortOnDropHandle::new(tokio::spawn({
         let wasm = Arc::clone(&wasm);
@@ -225,14 +230,32 @@ fn holder_locks(dir: &std::path::Path) -> Option<Arc<HolderLockDir>> {
 /// Compiles (or loads from cache) every service before campaigning, then follows the
 /// directory; bad files are reported by name and reason (by the runtime) and the others
 /// still run.
-async fn load_services(settings: &Settings) -> anyhow::Result<Arc<WasmServices>> {
+/// Loads the services, or `None` if `shutdown` resolved first: the load then stops after the
+/// file it is compiling (seconds for a large guest, not the whole directory), and `shutdown`
+/// is not polled again.
+async fn load_services(
+    settings: &Settings,
+    shutdown: Pin<&mut impl Future<Output = ()>>,
+) -> anyhow::Result<Option<Arc<WasmServices>>> {
     let config = RuntimeConfig::from_settings(settings)?;
+    let stop = CancellationToken::new();
     // Compiling is CPU-bound and blocking: keep it off the async workers.
-    let (services, _rejected) = tokio::task::spawn_blocking(move || WasmServices::load(config))
-        .await
-        .context("loading services")??;
+    let mut loading = tokio::task::spawn_blocking({
+        let stop = stop.clone();
+        move || WasmServices::load_until(config, &stop)
+    });
+    let loaded = tokio::select! {
+        loaded = &mut loading => loaded,
+        () = shutdown => {
+            tracing::info!("stopping once the service being loaded is done");
+            stop.cancel();
+            let _ = loading.await;
+            return Ok(None);
+        }
+    };
+    let (services, _rejected) = loaded.context("loading services")??;
     services.follow_dir()?;
-    Ok(Arc::new(services))
+    Ok(Some(Arc::new(services)))
 }
 
 /// Applies a re-read configuration: the grants now, the rest at the next restart.

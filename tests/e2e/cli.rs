@@ -271,6 +271,41 @@ fn a_second_signal_during_shutdown_exits_at_once() {
     assert_eq!(status.and_then(|s| s.code()), Some(130));
 }
 
+/// A signal while the services compile before serving (minutes, for a directory of large
+/// guests on a cold cache) stops the host after the file being compiled, not after them all.
+#[test]
+fn a_signal_while_the_services_compile_stops_after_the_one_being_compiled() {
+    let dir = tempfile::tempdir().unwrap();
+    let services = dir.path().join("services");
+    std::fs::create_dir(&services).unwrap();
+    // Each a new version, so each one compiles.
+    let ticker_len = std::fs::metadata(guests::guest("rust-ticker"))
+        .unwrap()
+        .len();
+    let first = usize::try_from(ticker_len).unwrap() + 64;
+    for i in 0..60 {
+        let bytes = crate::live_dir::padded_ticker(first + i);
+        std::fs::write(services.join(format!("s{i:02}.wasm")), bytes).unwrap();
+    }
+    let mut host = Host::start(BIN, "a", dir.path(), &["serve"], "info");
+    host.wait_for(&["service loaded"]);
+    host.signal(Signal::TERM);
+    assert!(host.wait_exit().success());
+    let loaded = host
+        .lines()
+        .iter()
+        .filter(|l| l.text.contains("service loaded"))
+        .count();
+    assert!(
+        loaded < 10,
+        "{loaded} of 60 services loaded after the signal"
+    );
+    assert!(
+        !host.lines().iter().any(|l| l.text.contains("campaigning")),
+        "it campaigned"
+    );
+}
+
 #[test]
 fn after_a_problem_the_host_shuts_down_and_campaigns_again() {
     let dir = cluster_dir();

@@ -43,7 +43,7 @@ fn lines_with(host: &Host, from: usize, needles: &[&str]) -> Vec<Line> {
 }
 
 /// The ticker padded with a custom section to `size` bytes: a valid component, a new version.
-fn padded_ticker(size: usize) -> Vec<u8> {
+pub(crate) fn padded_ticker(size: usize) -> Vec<u8> {
     let mut bytes = std::fs::read(guests::guest("rust-ticker")).unwrap();
     let name = b"padding";
     let payload = size.saturating_sub(bytes.len() + name.len() + 7);

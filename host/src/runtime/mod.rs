@@ -80,4 +80,7 @@ pub enum RuntimeError {
         /// notify's error, or the thread's that could not be started.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// Told to stop before every service was loaded ([`WasmServices::load_until`]).
+    #[error("stopped before every service was loaded")]
+    Stopped,
 }

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use wasmtime::component::Linker;
 
 use super::component::{self, Compiler, LoadError, LoadStats, ServiceKind};
@@ -42,6 +43,19 @@ impl WasmServices {
     /// When the directory cannot be read, the cache directory cannot be created, or
     /// wasmtime cannot be set up.
     pub fn load(config: RuntimeConfig) -> Result<(Self, Vec<LoadError>), RuntimeError> {
+        Self::load_until(config, &CancellationToken::new())
+    }
+
+    /// Like [`WasmServices::load`], giving up between two files once `stop` is cancelled (a
+    /// signal while a directory of large guests compiles for minutes): one compile at most
+    /// runs on after it.
+    ///
+    /// # Errors
+    /// As [`WasmServices::load`], and [`RuntimeError::Stopped`] once stopped.
+    pub fn load_until(
+        config: RuntimeConfig,
+        stop: &CancellationToken,
+    ) -> Result<(Self, Vec<LoadError>), RuntimeError> {
         let engine = engine::build(&config)?;
         let linker = host::linker(&engine)?;
         let files = component::discover(&config.services_dir)?;
@@ -59,6 +73,9 @@ impl WasmServices {
         let mut errors = Vec::new();
         let progress = Progress::new(files.len());
         for path in files {
+            if stop.is_cancelled() {
+                return Err(RuntimeError::Stopped);
+            }
             let step = progress.start(&path.file_stem().unwrap_or_default().to_string_lossy());
             let compiled_before = compiler.stats.compiled;
             match compiler.load(&path, &linker) {
