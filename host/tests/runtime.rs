@@ -836,3 +836,37 @@ async fn running_services_follow_the_directory_until_the_stop() {
     }
     drop(services);
 }
+
+/// A component that spins while it is being instantiated (its core module's start function
+/// never returns) holds up neither the other services' start nor the stop: it is dropped at
+/// the stop without a grace period, as it cannot have heard the signal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_spinning_while_instantiated_holds_up_neither_start_nor_stop() {
+    let (dir, mut config) = setup(&[("rust-ticker", "ticker")]);
+    std::fs::write(
+        dir.path().join("spin-start.wasm"),
+        guests::spinning_at_instantiation(),
+    )
+    .unwrap();
+    config.grants.insert("ticker".into(), tick_env(10));
+    config.grace_period = Duration::from_mins(1);
+    let (services, errors) = WasmServices::load(config).unwrap();
+    assert!(errors.is_empty(), "{errors:?}");
+    let l = lease(far_deadline()).await;
+    let running = tokio::time::timeout(Duration::from_secs(10), services.start(l.ctx.clone()))
+        .await
+        .expect("the start is not held up")
+        .unwrap();
+    until("the ticker ticks", async || {
+        logs::count("ticker", "tick 3:") > 0
+    })
+    .await;
+    let started = std::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(10), running.stop())
+        .await
+        .expect("the stop is not held up");
+    assert!(
+        started.elapsed() < Duration::from_mins(1),
+        "no grace period for a guest still being instantiated"
+    );
+}

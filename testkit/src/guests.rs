@@ -38,3 +38,70 @@ pub fn install(dir: &Path, guests: &[(&str, &str)]) {
             .unwrap_or_else(|e| panic!("copy guest {guest_name}: {e}"));
     }
 }
+
+/// A plain WASI command component (`wasi:cli/run`) whose core module has a start function
+/// that never returns: it spins while it is being *instantiated*, before any export is called.
+/// No guest toolchain emits one; the component model allows it.
+pub fn spinning_at_instantiation() -> Vec<u8> {
+    use wasm_encoder::{
+        Alias, BlockType, CanonicalFunctionSection, CodeSection, Component, ComponentAliasSection,
+        ComponentExportKind, ComponentExportSection, ComponentInstanceSection,
+        ComponentTypeSection, ComponentValType, ExportKind, ExportSection, Function,
+        FunctionSection, InstanceSection, Instruction, Module, ModuleSection, StartSection,
+        TypeSection, ValType,
+    };
+    let mut module = Module::new();
+    let mut types = TypeSection::new();
+    types.ty().function([], []);
+    types.ty().function([], [ValType::I32]);
+    let mut functions = FunctionSection::new();
+    functions.function(0).function(1);
+    let mut exports = ExportSection::new();
+    exports.export("run", ExportKind::Func, 1);
+    let mut code = CodeSection::new();
+    let mut spin = Function::new([]);
+    spin.instruction(&Instruction::Loop(BlockType::Empty))
+        .instruction(&Instruction::Br(0))
+        .instruction(&Instruction::End)
+        .instruction(&Instruction::End);
+    let mut run = Function::new([]);
+    run.instruction(&Instruction::I32Const(0))
+        .instruction(&Instruction::End);
+    code.function(&spin).function(&run);
+    module
+        .section(&types)
+        .section(&functions)
+        .section(&exports)
+        .section(&StartSection { function_index: 0 })
+        .section(&code);
+
+    let mut component = Component::new();
+    component.section(&ModuleSection(&module));
+    let mut instances = InstanceSection::new();
+    instances.instantiate(0, Vec::<(&str, wasm_encoder::ModuleArg)>::new());
+    component.section(&instances);
+    let mut aliases = ComponentAliasSection::new();
+    aliases.alias(Alias::CoreInstanceExport {
+        instance: 0,
+        kind: ExportKind::Func,
+        name: "run",
+    });
+    component.section(&aliases);
+    let mut component_types = ComponentTypeSection::new();
+    component_types.defined_type().result(None, None);
+    component_types
+        .function()
+        .params(Vec::<(&str, ComponentValType)>::new())
+        .result(Some(ComponentValType::Type(0)));
+    component.section(&component_types);
+    let mut canonical = CanonicalFunctionSection::new();
+    canonical.lift(0, 1, []);
+    component.section(&canonical);
+    let mut run_instance = ComponentInstanceSection::new();
+    run_instance.export_items([("run", ComponentExportKind::Func, 0)]);
+    component.section(&run_instance);
+    let mut component_exports = ComponentExportSection::new();
+    component_exports.export("wasi:cli/run@0.2.0", ComponentExportKind::Instance, 0, None);
+    component.section(&component_exports);
+    component.finish()
+}

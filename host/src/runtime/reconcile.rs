@@ -27,9 +27,15 @@ use super::supervisor::{FirstStart, supervise};
 use crate::lease_value::RunningService;
 use crate::services::{RunningServices, ServiceContext};
 
+/// How long the guests of a start wait for every service's first instance before they begin
+/// anyway: 100 services are instantiated in about 2 ms, so only a guest whose start function
+/// runs on (for ever, maybe) makes them wait this long.
+const START_PATIENCE: Duration = Duration::from_secs(1);
+
 /// Starts every service of the catalogue under `ctx.lease` (with `only`, just that one: spread
 /// placement runs each service under its own claim), returns once each has started (or the
-/// stop came), and from then on follows the catalogue until stopped.
+/// stop came, or [`START_PATIENCE`] passed), and from then on follows the catalogue until
+/// stopped.
 pub(crate) async fn start(
     rt: Arc<Runtime>,
     mut catalogue: watch::Receiver<Catalogue>,
@@ -63,8 +69,14 @@ pub(crate) async fn start(
     tokio::select! {
         () = all_started => {}
         () = stop.cancelled() => {}
+        () = tokio::time::sleep(START_PATIENCE) => {
+            // A start function that never returns, say: the others do not wait for it.
+            let waiting = reconciler.pending.load(Ordering::SeqCst);
+            tracing::warn!(waiting, "services still being instantiated; the others begin");
+        }
     }
-    // Every first instance exists (or the stop came): the guests begin.
+    // Every first instance exists (or the stop came, or the patience ran out): the guests
+    // begin.
     reconciler.begin.cancel();
     reconciler.report();
     tracing::info!(services = initial.len(), term, "services started");

@@ -150,22 +150,28 @@ async fn run_once(
     let grace = rt.config.grace_period;
     match &svc.pre {
         Pre::Service(pre) => {
-            let instance = pre.instantiate_async(&mut store).await;
+            let Some(instance) = instantiate(env, pre.instantiate_async(&mut store)).await else {
+                started.take();
+                return Outcome::Stopped;
+            };
             created(started).await;
             let instance = match instance {
                 Ok(i) => i,
-                Err(e) => return failed("cannot instantiate", &e),
+                Err(e) => return not_instantiated(&e),
             };
             tracing::info!(service, kind = "service", "service running");
             let _running = Ops::global().service_running();
             finish(env, Some(grace), handles, instance.call_run(&mut store)).await
         }
         Pre::Command(pre) => {
-            let instance = pre.instantiate_async(&mut store).await;
+            let Some(instance) = instantiate(env, pre.instantiate_async(&mut store)).await else {
+                started.take();
+                return Outcome::Stopped;
+            };
             created(started).await;
             let instance = match instance {
                 Ok(i) => i,
-                Err(e) => return failed("cannot instantiate", &e),
+                Err(e) => return not_instantiated(&e),
             };
             tracing::info!(service, kind = "command", "service running");
             let _running = Ops::global().service_running();
@@ -181,6 +187,32 @@ async fn run_once(
 
 /// After the first instantiation (whether it worked or not): says so, and waits until the
 /// guest may begin ([`FirstStart::begin`]).
+/// Runs an instantiation (which runs the guest's start functions, if it has any: guest code
+/// that may never end) until it ends, or `None` once the service must stop: a guest still
+/// being instantiated cannot have heard the stop, so it gets no grace period.
+async fn instantiate<T>(
+    env: &ServiceEnv,
+    instantiation: impl Future<Output = wasmtime::Result<T>>,
+) -> Option<wasmtime::Result<T>> {
+    tokio::select! {
+        biased;
+        instance = instantiation => Some(instance),
+        () = env.stopping.cancelled() => {
+            tracing::info!(service = &*env.name, "stopping: dropped while being instantiated");
+            None
+        }
+    }
+}
+
+/// What an instantiation that failed with `e` amounts to.
+fn not_instantiated(e: &wasmtime::Error) -> Outcome {
+    if e.is::<Fenced>() {
+        Outcome::Fenced
+    } else {
+        failed("cannot instantiate", e)
+    }
+}
+
 async fn created(started: &mut Option<FirstStart>) {
     if let Some(first) = started.take() {
         let _ = first.created.send(());
