@@ -15,7 +15,7 @@ use super::RuntimeError;
 use super::config::{Grants, RuntimeConfig};
 use super::env::{Host, ServiceEnv};
 use super::fence::{self, Fenced};
-use super::output::{LogOutput, Stdio};
+use super::output::{LogOutput, Stdio, guest_lines, guest_text};
 use crate::problem::Problem;
 use crate::store::Fence;
 
@@ -143,6 +143,7 @@ impl lease::Host for Host {
 
     async fn report_problem(&mut self, message: String) -> wasmtime::Result<()> {
         self.env.fence("problem report")?;
+        let message = guest_text(&message);
         tracing::warn!(service = &*self.env.name, %message, "guest reported a problem");
         self.env.problems.report(Problem::Service {
             name: self.env.name.to_string(),
@@ -156,12 +157,14 @@ impl log::Host for Host {
     async fn log(&mut self, level: log::Level, message: String) -> wasmtime::Result<()> {
         self.env.fence("log line")?;
         let service = &*self.env.name;
-        match level {
-            log::Level::Trace => tracing::trace!(service, "{message}"),
-            log::Level::Debug => tracing::debug!(service, "{message}"),
-            log::Level::Info => tracing::info!(service, "{message}"),
-            log::Level::Warn => tracing::warn!(service, "{message}"),
-            log::Level::Error => tracing::error!(service, "{message}"),
+        for line in guest_lines(&message) {
+            match level {
+                log::Level::Trace => tracing::trace!(service, "{line}"),
+                log::Level::Debug => tracing::debug!(service, "{line}"),
+                log::Level::Info => tracing::info!(service, "{line}"),
+                log::Level::Warn => tracing::warn!(service, "{line}"),
+                log::Level::Error => tracing::error!(service, "{line}"),
+            }
         }
         Ok(())
     }
@@ -253,6 +256,47 @@ mod tests {
             table: ResourceTable::new(),
             limits: StoreLimits::default(),
         }
+    }
+
+    /// A guest cannot forge or hide host log lines with what it logs or reports, nor flood the
+    /// log with one call: each line of a message is its own event, tagged with the service,
+    /// control characters are escaped, and a problem's reason is bounded.
+    #[test]
+    fn what_a_guest_logs_or_reports_stays_its_own_bounded_lines() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (_clock, env) = rt.block_on(env());
+        let mut h = host(&env);
+        let forged = "real\n2026-11-24T00:00:00Z  INFO vvm_host::elections: acquired\rcover";
+        let lines = testkit::logs::capture(|| {
+            rt.block_on(log::Host::log(&mut h, log::Level::Info, forged.into()))
+                .unwrap();
+        });
+        let messages: Vec<&str> = lines.iter().map(|l| l.message.as_str()).collect();
+        assert_eq!(
+            messages,
+            [
+                "real",
+                "2026-11-24T00:00:00Z  INFO vvm_host::elections: acquired\\rcover"
+            ]
+        );
+        assert!(
+            lines.iter().all(|l| l.service.as_deref() == Some("svc")),
+            "tagged"
+        );
+        rt.block_on(lease::Host::report_problem(&mut h, "p".repeat(1 << 20)))
+            .unwrap();
+        let Some(Problem::Service { reason, .. }) = env.problems.get() else {
+            panic!("no problem reported")
+        };
+        assert!(reason.len() < 20 * 1024, "{} bytes", reason.len());
+        assert!(
+            reason.ends_with("more bytes)"),
+            "{}",
+            &reason[reason.len() - 30..]
+        );
     }
 
     #[tokio::test]

@@ -1,6 +1,11 @@
 //! Guest stdout/stderr as host log lines tagged with the service name, one line at a time;
-//! dropped (and the write trapped) once the lease deadline has passed (SPEC §6).
+//! dropped (and the write trapped) once the lease deadline has passed (SPEC §6). Every text a
+//! guest puts into the host's log (its output, the lines it logs, the problems it reports,
+//! the error its run returns) goes through here: line by line, bounded, control characters
+//! escaped, so a guest can neither forge nor hide the host's own lines.
 
+use std::borrow::Cow;
+use std::fmt::Write as _;
 use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -73,12 +78,68 @@ impl LineBuffer {
 
     fn emit(&self, line: &[u8]) {
         let line = String::from_utf8_lossy(line.strip_suffix(b"\r").unwrap_or(line));
+        let line = escaped(&line);
         let service = &*self.env.name;
         match self.which {
             Stdio::Stdout => tracing::info!(service, stream = "stdout", "{line}"),
             Stdio::Stderr => tracing::warn!(service, stream = "stderr", "{line}"),
         }
     }
+}
+
+/// `line` with every control character but tab escaped (`\r`, `\n`, `\u{1b}`...): in the
+/// host's log a carriage return, a newline or an escape sequence from a guest could forge a
+/// host line, or hide one on a terminal.
+pub(crate) fn escaped(line: &str) -> Cow<'_, str> {
+    let control = |c: char| c.is_control() && c != '\t';
+    if !line.chars().any(control) {
+        return Cow::Borrowed(line);
+    }
+    let mut out = String::with_capacity(line.len() + 8);
+    for c in line.chars() {
+        if control(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// Guest `text` that is one value of a host log line (a problem it reports, the error its run
+/// returned): escaped, and cut after [`MAX_LINE`] bytes with a note of how many more it had.
+pub(crate) fn guest_text(text: &str) -> String {
+    let cut = text.floor_char_boundary(MAX_LINE);
+    let mut out = escaped(&text[..cut]).into_owned();
+    if cut < text.len() {
+        let _ = write!(out, "… ({} more bytes)", text.len() - cut);
+    }
+    out
+}
+
+/// The log lines of a message a guest logs: one per line of it (`\n` or `\r\n`), a line
+/// longer than [`MAX_LINE`] bytes in pieces, each escaped; as its output is logged.
+pub(crate) fn guest_lines(text: &str) -> Vec<Cow<'_, str>> {
+    let mut lines = Vec::new();
+    for line in text.split('\n') {
+        let mut rest = line.strip_suffix('\r').unwrap_or(line);
+        loop {
+            let cut = rest
+                .floor_char_boundary(MAX_LINE)
+                .max(rest.ceil_char_boundary(1));
+            let (piece, after) = rest.split_at(cut.min(rest.len()));
+            lines.push(escaped(piece));
+            rest = after;
+            if rest.is_empty() {
+                break;
+            }
+        }
+    }
+    if text.ends_with('\n') {
+        // The newline ends the last line; it does not begin an empty one.
+        lines.pop();
+    }
+    lines
 }
 
 impl Drop for LineBuffer {
@@ -188,6 +249,46 @@ mod tests {
         });
         let lengths: Vec<usize> = lines.iter().map(String::len).collect();
         assert_eq!(lengths, [MAX_LINE, 10]);
+    }
+
+    /// A guest's carriage returns, escape sequences and newlines cannot forge or hide host log
+    /// lines: each line of a logged message is its own event, and control characters are
+    /// escaped, in output too.
+    #[tokio::test]
+    async fn guest_text_is_split_bounded_and_escaped() {
+        assert_eq!(
+            guest_lines("one\r\ntwo\n2026-01-01 INFO vvm_host: forged\rhidden\u{1b}[2J\n"),
+            [
+                "one",
+                "two",
+                "2026-01-01 INFO vvm_host: forged\\rhidden\\u{1b}[2J"
+            ]
+        );
+        assert_eq!(guest_lines(""), [""]);
+        assert_eq!(guest_lines("tab\tkept"), ["tab\tkept"]);
+        let long = "é".repeat(MAX_LINE);
+        let pieces = guest_lines(&long);
+        assert!(
+            pieces.iter().all(|p| p.len() <= MAX_LINE),
+            "cut at char boundaries"
+        );
+        assert_eq!(pieces.concat(), long);
+
+        let reason = guest_text(&format!("bad\n{}", "x".repeat(3 * MAX_LINE)));
+        assert!(reason.starts_with("bad\\nxxx"), "{}", &reason[..20]);
+        assert!(
+            reason.ends_with(&format!("… ({} more bytes)", 2 * MAX_LINE + 4)),
+            "{}",
+            &reason[reason.len() - 40..]
+        );
+
+        let (_clock, env) = env().await;
+        let lines = capture(|| {
+            LogOutput::new(env, Stdio::Stdout)
+                .write(b"progress 10%\rprogress 99%\x1b[1A\n")
+                .unwrap();
+        });
+        assert_eq!(lines, ["progress 10%\\rprogress 99%\\u{1b}[1A"]);
     }
 
     #[tokio::test]

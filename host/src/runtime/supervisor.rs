@@ -254,7 +254,10 @@ async fn finish(
 fn outcome(r: wasmtime::Result<Result<(), String>>, handles: usize) -> Outcome {
     match r {
         Ok(Ok(())) => Outcome::Returned,
-        Ok(Err(message)) => Outcome::Failed(format!("run returned an error: {message}")),
+        Ok(Err(message)) => Outcome::Failed(format!(
+            "run returned an error: {}",
+            super::output::guest_text(&message)
+        )),
         Err(e) if e.is::<Fenced>() => Outcome::Fenced,
         Err(e) => match e.downcast_ref::<I32Exit>() {
             Some(I32Exit(0)) => Outcome::Returned,
