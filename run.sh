@@ -18,6 +18,7 @@ setup() {
     need+=(python3 python3-venv)                              # componentize-py (Python guests)
   command -v npm >/dev/null || need+=(nodejs npm)             # componentize-js (JS guests)
   command -v ip >/dev/null || need+=(iproute2)                # network namespaces (etcd e2e)
+  command -v prlimit >/dev/null || need+=(util-linux)         # a low open-file limit (e2e)
   if [ ${#need[@]} -gt 0 ]; then
     as_root apt-get update -qq
     DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${need[@]}" >/dev/null
