@@ -178,10 +178,12 @@ async fn serve_spread(
     run.await;
 }
 
-/// How long to stand aside after a problem that is this host's own (a service that fails
-/// here, a bug), so that a healthy standby takes the slot instead of this host winning it
-/// straight back: `L`, doubling with each such problem in a row up to `16·L`. A leadership
-/// that lasted `16·L`, or a problem that is not local (the lease lost, no slot free), starts
+/// How long to stand aside after a problem that campaigning again at once would meet again:
+/// one of this host's own (a service that fails here, a bug), so that a healthy standby takes
+/// the slot instead of this host winning it straight back, or a store error that retrying
+/// cannot fix (a corrupt file, refused credentials), which would otherwise be met thousands
+/// of times a second. `L`, doubling with each such problem in a row up to `16·L`. A
+/// leadership that lasted `16·L`, or any other problem (the lease lost, no slot free), starts
 /// over without a pause.
 struct LocalBackoff {
     lease: Duration,
@@ -199,7 +201,7 @@ impl LocalBackoff {
         let max = self.lease.saturating_mul(1 << Self::MAX_DOUBLINGS);
         let local = matches!(
             problem,
-            Some(Problem::Service { .. } | Problem::Internal(_))
+            Some(Problem::Service { .. } | Problem::Internal(_) | Problem::Store(_))
         );
         if !local || ran >= max {
             self.in_a_row = 0;
@@ -400,5 +402,11 @@ mod tests {
             "a long leadership resets it"
         );
         assert_eq!(b.after(None, short), None);
+        let corrupt = Problem::from(crate::store::StoreError::permanent(
+            "redb store x",
+            "corrupt",
+        ));
+        assert_eq!(b.after(Some(&corrupt), short), Some(l));
+        assert_eq!(b.after(Some(&corrupt), short), Some(l * 2));
     }
 }

@@ -306,6 +306,44 @@ fn a_signal_while_the_services_compile_stops_after_the_one_being_compiled() {
     );
 }
 
+/// A store that goes bad while serving (its file overwritten: "DB corrupted") is a problem
+/// that retrying at once cannot fix: the host stops its services, then backs off (L, 2·L,
+/// ...) between campaigns instead of campaigning thousands of times a second.
+#[test]
+fn a_store_gone_bad_while_serving_is_retried_with_backoff_not_in_a_loop() {
+    let dir = cluster_dir();
+    let mut host = serve("a", dir.path(), "1s");
+    host.wait_for(&["ticker started"]);
+    // A second in: garbage written in the first moments went unseen by the next renewals,
+    // which redb served from what this host had just written (and rewrote the header).
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let from = host.mark();
+    // Every byte: the host's own commits rewrite the header, so garbage there alone may
+    // not last.
+    let store = dir.path().join("vvm.redb");
+    let garbage = vec![0x5a_u8; usize::try_from(std::fs::metadata(&store).unwrap().len()).unwrap()];
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&store)
+        .unwrap();
+    std::io::Write::write_all(&mut file, &garbage).unwrap();
+    drop(file);
+    host.wait_for_from(from, &["DB corrupted"]);
+    std::thread::sleep(std::time::Duration::from_secs(4));
+    let campaigns = host
+        .lines()
+        .iter()
+        .skip(from)
+        .filter(|l| l.text.contains("\"campaigning\""))
+        .count();
+    assert!(
+        campaigns <= 4,
+        "{campaigns} campaigns within 4 s of the store going bad"
+    );
+    host.signal(Signal::TERM);
+    assert!(host.wait_exit().success());
+}
+
 #[test]
 fn after_a_problem_the_host_shuts_down_and_campaigns_again() {
     let dir = cluster_dir();
