@@ -245,10 +245,9 @@ async fn a_spinning_guest_is_dropped_after_the_grace_period() {
     assert_eq!(logs::count("spin-ticker", "grace period over"), 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_memory_hog_is_stopped_at_the_cap() {
-    let (_dir, mut config) = setup(&[("test/hog", "hog")]);
-    config.memory_cap = 32 << 20;
+/// Runs the one service `name` of `config` until it has failed twice (10 ms apart) and
+/// become a problem; returns the problem's reason.
+async fn reason_after_failing_twice(mut config: RuntimeConfig, name: &str) -> String {
     config.restart = RestartPolicy {
         initial_backoff: Duration::from_millis(10),
         max_failures: 2,
@@ -259,14 +258,26 @@ async fn a_memory_hog_is_stopped_at_the_cap() {
     let running = services.start(l.ctx.clone()).await.unwrap();
     let problem = tokio::time::timeout(Duration::from_secs(10), l.ctx.problems.wait())
         .await
-        .expect("the hog fails at its cap");
-    let Problem::Service { name, reason } = problem else {
+        .expect("the service fails twice");
+    running.stop().await;
+    let Problem::Service {
+        name: failed,
+        reason,
+    } = problem
+    else {
         panic!("{problem:?}")
     };
-    assert_eq!(name, "hog");
+    assert_eq!(failed, name);
+    reason
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_hog_is_stopped_at_the_cap() {
+    let (_dir, mut config) = setup(&[("test/hog", "hog")]);
+    config.memory_cap = 32 << 20;
+    let reason = reason_after_failing_twice(config, "hog").await;
     assert!(reason.contains("memory"), "{reason}");
     assert_eq!(logs::count("hog", "hogging memory"), 2);
-    running.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -274,27 +285,12 @@ async fn a_guest_that_never_gives_a_handle_back_is_stopped_at_its_limit() {
     // Timers: host memory, no descriptors, so only the setting bounds them.
     let (_dir, mut config) = setup(&[("test/leak", "leak")]);
     config.handle_limit = 64;
-    config.restart = RestartPolicy {
-        initial_backoff: Duration::from_millis(10),
-        max_failures: 2,
-        ..RestartPolicy::default()
-    };
-    let (services, _) = WasmServices::load(config).unwrap();
-    let l = lease(far_deadline()).await;
-    let running = services.start(l.ctx.clone()).await.unwrap();
-    let problem = tokio::time::timeout(Duration::from_secs(10), l.ctx.problems.wait())
-        .await
-        .expect("the leak fails at its limit");
-    let Problem::Service { name, reason } = problem else {
-        panic!("{problem:?}")
-    };
-    assert_eq!(name, "leak");
+    let reason = reason_after_failing_twice(config, "leak").await;
     assert!(
         reason.contains("more than its 64 handles") && reason.contains("handle-limit"),
         "{reason}"
     );
     assert_eq!(logs::count("leak", "leaking timers"), 2);
-    running.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
