@@ -23,31 +23,24 @@ pub(crate) const HOST_DESCRIPTORS: u64 = 256;
 
 /// Raises the process's soft limit on open files to its hard limit, as Go's runtime does at
 /// start: the soft default of 1024 exists for `select(2)`, which nothing here uses, and the
-/// guests' share of descriptors ([`instance_cap`]) is the larger for it. Returns the limit
-/// now in force (`u64::MAX` for none).
-pub fn raise_descriptor_limit() -> u64 {
+/// guests' share of descriptors ([`instance_cap`]) is the larger for it.
+pub fn raise_descriptor_limit() {
     use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
     let before = getrlimit(Resource::Nofile);
     if before.current == before.maximum {
-        return before.current.unwrap_or(u64::MAX);
+        return;
     }
     let raised = Rlimit {
         current: before.maximum,
         maximum: before.maximum,
     };
     match setrlimit(Resource::Nofile, raised) {
-        Ok(()) => {
-            tracing::debug!(
-                from = before.current,
-                to = before.maximum,
-                "open file limit raised"
-            );
-            before.maximum.unwrap_or(u64::MAX)
-        }
-        Err(e) => {
-            tracing::debug!(error = %e, "open file limit not raised");
-            before.current.unwrap_or(u64::MAX)
-        }
+        Ok(()) => tracing::debug!(
+            from = before.current,
+            to = before.maximum,
+            "open file limit raised"
+        ),
+        Err(e) => tracing::debug!(error = %e, "open file limit not raised"),
     }
 }
 

@@ -271,6 +271,7 @@ impl LiveDir {
         let stop = Arc::new(AtomicBool::new(false));
         let mut follower = Follower {
             watched: identity(&dir),
+            unwatchable: None,
             watcher,
             dir: dir.clone(),
             rt,
@@ -322,6 +323,8 @@ struct Follower {
     watcher: RecommendedWatcher,
     /// The directory the watch began on ([`identity`]).
     watched: Option<(u64, u64)>,
+    /// The directory the path names that could not be watched, if any: said once.
+    unwatchable: Option<(u64, u64)>,
     dir: PathBuf,
     rt: Arc<Runtime>,
     linker: Linker<Host>,
@@ -396,15 +399,19 @@ impl Follower {
         }
         // The old watch may be gone with its directory already.
         let _ = self.watcher.unwatch(&self.dir);
-        self.watched = now;
         let dir = self.dir.display();
         if now.is_none() {
+            self.watched = None;
             tracing::warn!(dir = %dir, "the services directory is gone: its services stop");
         } else if let Err(e) = self.watcher.watch(&self.dir, RecursiveMode::NonRecursive) {
-            // Looked at again at the next recheck.
-            self.watched = None;
+            // Tried again at each recheck; said, and its files looked at, once.
+            if self.unwatchable == now {
+                return;
+            }
+            self.unwatchable = now;
             tracing::warn!(dir = %dir, error = %e, "cannot watch the services directory");
         } else {
+            self.watched = now;
             tracing::info!(dir = %dir, "the services path names a new directory: following it");
         }
         self.rescan(debouncer);

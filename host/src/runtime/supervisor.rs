@@ -185,8 +185,6 @@ async fn run_once(
     }
 }
 
-/// After the first instantiation (whether it worked or not): says so, and waits until the
-/// guest may begin ([`FirstStart::begin`]).
 /// Runs an instantiation (which runs the guest's start functions, if it has any: guest code
 /// that may never end) until it ends, or `None` once the service must stop: a guest still
 /// being instantiated cannot have heard the stop, so it gets no grace period.
@@ -213,6 +211,8 @@ fn not_instantiated(e: &wasmtime::Error) -> Outcome {
     }
 }
 
+/// After the first instantiation (whether it worked or not): says so, and waits until the
+/// guest may begin ([`FirstStart::begin`]).
 async fn created(started: &mut Option<FirstStart>) {
     if let Some(first) = started.take() {
         let _ = first.created.send(());
