@@ -378,6 +378,12 @@ impl Settings {
             .store
             .or(file.store)
             .unwrap_or_else(|| DEFAULT_STORE.into());
+        if store.trim().is_empty() {
+            return Err(ConfigError::Invalid {
+                name: "store",
+                reason: "is empty: give a redb file path or etcd://host:port".to_owned(),
+            });
+        }
         let settings = Self {
             lock_dir: flags
                 .lock_dir

@@ -128,8 +128,9 @@ fn bad_input_is_one_line_that_gives_each_reason_once() {
         "--etcd-ca",
         "/dev/zero",
     ];
-    let cases: [(&[&str], &str); 10] = [
+    let cases: [(&[&str], &str); 11] = [
         (&["serve", "--store", "/"], "Is a directory"),
+        (&["serve", "--store", ""], "is empty"),
         (
             &["status", "--store", "garbage.redb"],
             "Not a redb database",
