@@ -481,3 +481,27 @@ fn a_services_directory_swapped_or_made_again_is_followed() {
     a.wait_for_from(from, &["ticker started", &tag("three")]);
     a.wait_for_from(from, &["service removed", &tag("one")]);
 }
+
+/// A service file that is a symlink to a file elsewhere (`services/app.wasm ->
+/// /opt/app/current/app.wasm`) follows that file: replaced there, by a rename that no event
+/// in the services directory reports, the new version is loaded within about a second.
+#[test]
+fn a_service_file_linked_from_elsewhere_follows_its_target() {
+    let (dir, services) = empty_dir();
+    let elsewhere = dir.path().join("builds");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let target = elsewhere.join("app.wasm");
+    std::fs::copy(guests::guest("rust-ticker"), &target).unwrap();
+    std::os::unix::fs::symlink(&target, services.join("app.wasm")).unwrap();
+    let a = host("a", dir.path());
+    a.wait_for(&["ticker started", &tag("app")]);
+    // Past the look at every file that follows the start.
+    std::thread::sleep(Duration::from_secs(1));
+
+    let from = a.mark();
+    let next = elsewhere.join("app.wasm.next");
+    let size = usize::try_from(std::fs::metadata(&target).unwrap().len()).unwrap();
+    std::fs::write(&next, padded_ticker(size + 100)).unwrap();
+    std::fs::rename(&next, &target).unwrap();
+    a.wait_for_from(from, &["service replaced", &tag("app")]);
+}

@@ -17,7 +17,8 @@
 //! the watch began, so every [`RECHECK`] the follower compares what the path names now (device
 //! and inode, through a symlink) with what it watches. A release flipped in by renaming a
 //! symlink over the path, or a directory removed and made again, is watched afresh and every
-//! file looked at.
+//! file looked at. A service file that is itself a symlink is followed the same way: a change
+//! of what it leads to, which no event here reports, is seen at the next recheck.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -272,6 +273,7 @@ impl LiveDir {
         let mut follower = Follower {
             watched: identity(&dir),
             unwatchable: None,
+            links: BTreeMap::new(),
             watcher,
             dir: dir.clone(),
             rt,
@@ -308,6 +310,9 @@ impl Drop for LiveDir {
     }
 }
 
+/// What a symlinked service file leads to: device, inode, size and mtime; `None` if nothing.
+type LinkTarget = Option<(u64, u64, u64, Option<SystemTime>)>;
+
 /// The directory a path names now (device, inode), through symlinks; `None` if none.
 fn identity(path: &Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::MetadataExt as _;
@@ -325,6 +330,8 @@ struct Follower {
     watched: Option<(u64, u64)>,
     /// The directory the path names that could not be watched, if any: said once.
     unwatchable: Option<(u64, u64)>,
+    /// What each service file that is a symlink led to at the last recheck.
+    links: BTreeMap<String, LinkTarget>,
     dir: PathBuf,
     rt: Arc<Runtime>,
     linker: Linker<Host>,
@@ -391,10 +398,12 @@ impl Follower {
     }
 
     /// If the services path names another directory than the one watched (or none, or one
-    /// again), watches what it names now and looks at every file.
+    /// again), watches what it names now and looks at every file; else looks for service
+    /// files linked from elsewhere whose target changed ([`Follower::recheck_links`]).
     fn recheck(&mut self, debouncer: &mut Debouncer) {
         let now = identity(&self.dir);
         if now == self.watched {
+            self.recheck_links(debouncer);
             return;
         }
         // The old watch may be gone with its directory already.
@@ -415,6 +424,40 @@ impl Follower {
             tracing::info!(dir = %dir, "the services path names a new directory: following it");
         }
         self.rescan(debouncer);
+    }
+
+    /// Service files that are symlinks (`app.wasm -> /opt/app/current/app.wasm`): a change
+    /// to their target outside the directory (a rename over it, a flip of a link on its way)
+    /// makes no event here, so each recheck compares what the link leads to now (device,
+    /// inode, size, mtime) with the last recheck, and a change is noted as a write: the file
+    /// is looked at once it has been quiet for a while, as a change no close completes.
+    fn recheck_links(&mut self, debouncer: &mut Debouncer) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        let mut seen = BTreeMap::new();
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Some(name) = service_name(&path) else {
+                continue;
+            };
+            if !entry.file_type().is_ok_and(|t| t.is_symlink()) {
+                continue;
+            }
+            let target = std::fs::metadata(&path).ok().map(|meta| {
+                use std::os::unix::fs::MetadataExt as _;
+                (meta.dev(), meta.ino(), meta.len(), meta.modified().ok())
+            });
+            if self
+                .links
+                .get(&name)
+                .is_some_and(|before| *before != target)
+            {
+                debouncer.note(&name, Change::Written, self.clock.now());
+            }
+            seen.insert(name, target);
+        }
+        self.links = seen;
     }
 
     /// Every service file on disk, and every service in the catalogue, is looked at.
