@@ -15,13 +15,36 @@
 //! A line that finds no room is dropped, whole: the reader loses lines, the host keeps its
 //! lease. A line longer than the pipe's atomic write (`PIPE_BUF`, 4 KiB) may be cut by a
 //! reader that falls behind mid-line; the next line then starts on a line of its own.
+//!
+//! Text from outside (a guest's, a path an operator typed) goes into a line [`escaped`], so
+//! that a line stays one line and shows what it says.
 
+use std::borrow::Cow;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags, Timespec, poll};
+
+/// `line` with every control character but tab escaped (`\r`, `\n`, `\u{1b}`...): in the
+/// host's log a carriage return, a newline or an escape sequence from a guest (or in a path)
+/// could forge a host line, or hide one on a terminal.
+pub(crate) fn escaped(line: &str) -> Cow<'_, str> {
+    let control = |c: char| c.is_control() && c != '\t';
+    if !line.chars().any(control) {
+        return Cow::Borrowed(line);
+    }
+    let mut out = String::with_capacity(line.len() + 8);
+    for c in line.chars() {
+        if control(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
 
 /// How long the rest of a line that was partly written may wait for room before it is cut.
 const REST_OF_LINE: Duration = Duration::from_millis(20);

@@ -128,8 +128,9 @@ fn bad_input_is_one_line_that_gives_each_reason_once() {
         "--etcd-ca",
         "/dev/zero",
     ];
-    let cases: [(&[&str], &str); 11] = [
+    let cases: [(&[&str], &str); 12] = [
         (&["serve", "--store", "/"], "Is a directory"),
+        (&["serve", "--services", "new\nline"], "new\\nline"),
         (&["serve", "--store", ""], "is empty"),
         (
             &["status", "--store", "garbage.redb"],

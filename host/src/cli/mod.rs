@@ -331,7 +331,8 @@ pub(crate) fn one_line(e: &anyhow::Error) -> String {
         }
         line.push_str(&text);
     }
-    line
+    // One line, whatever a path in it holds.
+    crate::log_output::escaped(&line).into_owned()
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ use wasmtime_wasi::p2::bindings::CommandPre;
 use super::RuntimeError;
 use super::env::Host;
 use super::host::ServicePre;
+use crate::log_output::escaped;
 
 /// Which world a component targets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,7 +37,7 @@ impl fmt::Display for ServiceKind {
 
 /// A service file that could not be loaded; the other services still load.
 #[derive(Debug, thiserror::Error)]
-#[error("{}: {kind}", shown(path))]
+#[error("{}: {kind}", escaped(&path.to_string_lossy()))]
 pub struct LoadError {
     /// The file.
     pub path: PathBuf,
@@ -115,21 +116,6 @@ impl Loaded {
             Pre::Command(_) => ServiceKind::Command,
         }
     }
-}
-
-/// `path` as a message shows it: control characters escaped (`\n`), so the message stays one
-/// line.
-fn shown(path: &Path) -> String {
-    path.to_string_lossy()
-        .chars()
-        .fold(String::new(), |mut shown, c| {
-            if c.is_control() {
-                shown.extend(c.escape_default());
-            } else {
-                shown.push(c);
-            }
-            shown
-        })
 }
 
 /// The service a file of the services directory is, by its name: `NAME.wasm` is service

@@ -18,6 +18,7 @@ use wasmtime_wasi_io::bytes::Bytes;
 
 use super::env::ServiceEnv;
 use super::fence::Fenced;
+use crate::log_output::escaped;
 
 /// A line longer than this is logged in pieces, so a guest cannot grow the buffer forever.
 const MAX_LINE: usize = 16 * 1024;
@@ -85,25 +86,6 @@ impl LineBuffer {
             Stdio::Stderr => tracing::warn!(service, stream = "stderr", "{line}"),
         }
     }
-}
-
-/// `line` with every control character but tab escaped (`\r`, `\n`, `\u{1b}`...): in the
-/// host's log a carriage return, a newline or an escape sequence from a guest could forge a
-/// host line, or hide one on a terminal.
-pub(crate) fn escaped(line: &str) -> Cow<'_, str> {
-    let control = |c: char| c.is_control() && c != '\t';
-    if !line.chars().any(control) {
-        return Cow::Borrowed(line);
-    }
-    let mut out = String::with_capacity(line.len() + 8);
-    for c in line.chars() {
-        if control(c) {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    Cow::Owned(out)
 }
 
 /// Guest `text` that is one value of a host log line (a problem it reports, the error its run
