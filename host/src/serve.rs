@@ -58,6 +58,7 @@ pub async fn serve_until_reloading(
 ) -> anyhow::Result<()> {
     tokio::pin!(shutdown);
     let store = store::open(&settings, false).await?;
+    let holder_locks = holder_locks(&settings)?;
     crate::placement::refuse_mixed(&*store.shared(), settings.placement).await?;
     let Some(wasm) = load_services(&settings, shutdown.as_mut()).await? else {
         store.close().await;
@@ -74,7 +75,6 @@ pub async fn serve_until_reloading(
             }
         }
     }));
-    let holder_locks = settings.lock_dir.as_deref().and_then(holder_locks);
     tracing::info!(
         store = settings.store,
         services = %settings.services.display(),
@@ -218,15 +218,26 @@ impl LocalBackoff {
 }
 
 /// The crash lock's directory (`lock-dir`), so that a standby on this machine takes over from
-/// a killed leader at once. None when it cannot be used: standbys then wait out a dead
-/// leader's lease.
-fn holder_locks(dir: &std::path::Path) -> Option<Arc<HolderLockDir>> {
-    HolderLockDir::open(dir)
-        .inspect_err(|e| {
+/// a killed leader at once. None when there is none, or when the default one (beside a redb
+/// store) cannot be used: standbys then wait out a dead leader's lease.
+///
+/// # Errors
+/// When a directory the operator named cannot be used: what was asked for is refused by name,
+/// as any setting that cannot work.
+fn holder_locks(settings: &Settings) -> anyhow::Result<Option<Arc<HolderLockDir>>> {
+    let Some(dir) = settings.lock_dir.as_deref() else {
+        return Ok(None);
+    };
+    match HolderLockDir::open(dir) {
+        Ok(locks) => Ok(Some(Arc::new(locks))),
+        Err(e) if settings.lock_dir != crate::config::default_lock_dir(&settings.store) => {
+            Err(anyhow::Error::new(e).context("setting lock-dir"))
+        }
+        Err(e) => {
             tracing::warn!(error = %e, "no crash lock: after a crash standbys wait out the lease");
-        })
-        .ok()
-        .map(Arc::new)
+            Ok(None)
+        }
+    }
 }
 
 /// Compiles (or loads from cache) every service before campaigning, then follows the

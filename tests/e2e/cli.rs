@@ -128,8 +128,9 @@ fn bad_input_is_one_line_that_gives_each_reason_once() {
         "--etcd-ca",
         "/dev/zero",
     ];
-    let cases: [(&[&str], &str); 12] = [
+    let cases: [(&[&str], &str); 13] = [
         (&["serve", "--store", "/"], "Is a directory"),
+        (&["serve", "--lock-dir", "/proc/none"], "setting lock-dir"),
         (&["serve", "--services", "new\nline"], "new\\nline"),
         (&["serve", "--store", ""], "is empty"),
         (
