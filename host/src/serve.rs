@@ -61,8 +61,7 @@ pub async fn serve_until_reloading(
     let holder_locks = holder_locks(&settings)?;
     crate::placement::refuse_mixed(&*store.shared(), settings.placement).await?;
     let Some(wasm) = load_services(&settings, shutdown.as_mut()).await? else {
-        store.close().await;
-        tracing::info!(store = settings.store, "store closed");
+        close(store, &settings.store).await;
         return Ok(());
     };
     let services: Arc<dyn Services> = Arc::clone(&wasm) as Arc<dyn Services>;
@@ -150,9 +149,14 @@ pub async fn serve_until_reloading(
     tokio::task::spawn_blocking(move || drop(wasm))
         .await
         .context("stopping the services directory watch")?;
-    store.close().await;
-    tracing::info!(store = settings.store, "store closed");
+    close(store, &settings.store).await;
     Ok(())
+}
+
+/// Closes the store `name` once nothing uses it any more, and says so.
+async fn close(store: store::OpenedStore, name: &str) {
+    store.close().await;
+    tracing::info!(store = name, "store closed");
 }
 
 /// Serves under spread placement ([`crate::placement::spread`]) until `shutdown` resolves,
@@ -242,10 +246,9 @@ fn holder_locks(settings: &Settings) -> anyhow::Result<Option<Arc<HolderLockDir>
 
 /// Compiles (or loads from cache) every service before campaigning, then follows the
 /// directory; bad files are reported by name and reason (by the runtime) and the others
-/// still run.
-/// Loads the services, or `None` if `shutdown` resolved first: the load then stops after the
-/// file it is compiling (seconds for a large guest, not the whole directory), and `shutdown`
-/// is not polled again.
+/// still run. `None` if `shutdown` resolved first: the load then stops after the file it is
+/// compiling (seconds for a large guest, not the whole directory), and `shutdown` is not
+/// polled again.
 async fn load_services(
     settings: &Settings,
     shutdown: Pin<&mut impl Future<Output = ()>>,

@@ -502,12 +502,7 @@ fn a_compile_cache_hit_skips_compilation() {
 /// write stay, and so does an old entry that is used again.
 #[test]
 fn the_compile_cache_drops_entries_unused_for_a_week() {
-    let (dir, config) = setup(&[("rust-ticker", "ticker")]);
-    let cache = dir.path().join("cache");
-    WasmServices::load(config.clone()).unwrap();
-    let Ok([ticker]) = <[String; 1]>::try_from(names(&cache)) else {
-        panic!("{:?}", names(&cache))
-    };
+    let (_dir, config, cache, ticker) = ticker_cached_once();
     let hex = |c: char| c.to_string().repeat(64);
     let files = [
         (format!("{}.cwasm", hex('a')), 8),      // an old version: dropped
@@ -550,6 +545,18 @@ fn the_compile_cache_drops_entries_unused_for_a_week() {
     assert_eq!(names(&cache), kept);
 }
 
+/// A services directory with the ticker, loaded once: its configuration, its cache directory
+/// and the one entry the load wrote there.
+fn ticker_cached_once() -> (TempDir, RuntimeConfig, std::path::PathBuf, String) {
+    let (dir, config) = setup(&[("rust-ticker", "ticker")]);
+    let cache = dir.path().join("cache");
+    WasmServices::load(config.clone()).unwrap();
+    let Ok([entry]) = <[String; 1]>::try_from(names(&cache)) else {
+        panic!("{:?}", names(&cache))
+    };
+    (dir, config, cache, entry)
+}
+
 /// The names of the files in `dir`, sorted.
 fn names(dir: &std::path::Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
@@ -564,12 +571,7 @@ fn names(dir: &std::path::Path) -> Vec<String> {
 /// file behind; the service loads all the same.
 #[test]
 fn a_failed_cache_write_leaves_nothing_behind() {
-    let (dir, config) = setup(&[("rust-ticker", "ticker")]);
-    let cache = dir.path().join("cache");
-    WasmServices::load(config.clone()).unwrap();
-    let Ok([entry]) = <[String; 1]>::try_from(names(&cache)) else {
-        panic!("{:?}", names(&cache))
-    };
+    let (_dir, config, cache, entry) = ticker_cached_once();
     std::fs::remove_file(cache.join(&entry)).unwrap();
     std::fs::create_dir(cache.join(&entry)).unwrap();
     std::fs::write(cache.join(&entry).join("in-the-way"), b"").unwrap();

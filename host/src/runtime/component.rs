@@ -290,10 +290,10 @@ const TEMPORARY_KEEP: Duration = Duration::from_hours(1);
 /// [`CACHE_KEEP`], and temporary files older than an hour. Only names this module writes are
 /// touched, so a cache directory shared by hosts, or pointed at a directory holding other
 /// files, loses nothing else; an entry another host still has mapped stays readable to it.
-/// Best effort: what cannot be read or removed stays. Returns how many files were removed.
-pub(crate) fn prune_cache(dir: &Path) -> usize {
+/// Best effort: what cannot be read or removed stays.
+pub(crate) fn prune_cache(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
+        return;
     };
     let now = std::time::SystemTime::now();
     let mut removed = 0;
@@ -316,7 +316,6 @@ pub(crate) fn prune_cache(dir: &Path) -> usize {
     if removed > 0 {
         tracing::info!(dir = %dir.display(), removed, "unused compile cache entries removed");
     }
-    removed
 }
 
 /// How long a file named `name` in the cache may go unused, if it is one this module writes:
@@ -326,13 +325,11 @@ fn cache_file_keep(name: &str) -> Option<Duration> {
     if key.len() != 64 || !key.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
-    match extension.strip_prefix("tmp") {
-        _ if extension == "cwasm" => Some(CACHE_KEEP),
-        Some(pid) if !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()) => {
-            Some(TEMPORARY_KEEP)
-        }
-        _ => None,
+    if extension == "cwasm" {
+        return Some(CACHE_KEEP);
     }
+    let pid = extension.strip_prefix("tmp")?;
+    (!pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit())).then_some(TEMPORARY_KEEP)
 }
 
 fn write_cache(component: &Component, path: &Path) -> Result<(), Box<dyn std::error::Error>> {

@@ -19,7 +19,7 @@ use super::config::Grants;
 
 /// The descriptors kept for the host itself: its store, locks, logs, the live directory's
 /// reads and watch, the operations endpoint's connections (at most 64), etcd's channels.
-pub(crate) const HOST_DESCRIPTORS: u64 = 256;
+const HOST_DESCRIPTORS: u64 = 256;
 
 /// Raises the process's soft limit on open files to its hard limit, as Go's runtime does at
 /// start: the soft default of 1024 exists for `select(2)`, which nothing here uses, and the

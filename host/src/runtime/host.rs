@@ -45,8 +45,8 @@ pub(crate) fn linker(engine: &Engine) -> Result<Linker<Host>, RuntimeError> {
 }
 
 /// A fresh store for one instance of the service `env`: its own WASI context (with only what
-/// `grants` allow), memory cap, at most `handle_cap` handles, the per-call fence, and an epoch deadline that yields every
-/// tick and traps once the lease deadline has passed.
+/// `grants` allow), memory cap, at most `handle_cap` handles, the per-call fence, and an epoch
+/// deadline that yields every tick and traps once the lease deadline has passed.
 pub(crate) fn new_store(
     engine: &Engine,
     env: &Arc<ServiceEnv>,

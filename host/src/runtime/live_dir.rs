@@ -21,6 +21,7 @@
 //! of what it leads to, which no event here reports, is seen at the next recheck.
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
@@ -315,7 +316,6 @@ type LinkTarget = Option<(u64, u64, u64, Option<SystemTime>)>;
 
 /// The directory a path names now (device, inode), through symlinks; `None` if none.
 fn identity(path: &Path) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt as _;
     std::fs::metadata(path)
         .ok()
         .filter(std::fs::Metadata::is_dir)
@@ -444,10 +444,9 @@ impl Follower {
             if !entry.file_type().is_ok_and(|t| t.is_symlink()) {
                 continue;
             }
-            let target = std::fs::metadata(&path).ok().map(|meta| {
-                use std::os::unix::fs::MetadataExt as _;
-                (meta.dev(), meta.ino(), meta.len(), meta.modified().ok())
-            });
+            let target = std::fs::metadata(&path)
+                .ok()
+                .map(|meta| (meta.dev(), meta.ino(), meta.len(), meta.modified().ok()));
             if self
                 .links
                 .get(&name)

@@ -20,8 +20,8 @@
 //! - `wasm_services`: [`WasmServices`], the [`crate::services::Services`] the lifecycle starts.
 //!
 //! Dependencies point one way, in this order (each uses only modules before it): `config`,
-//! `handles`, `stacks`, `engine`, `env`, `fence`, `output`, `host`, `component`, `supervisor`, `live_dir`,
-//! `reconcile`, `wasm_services`.
+//! `handles`, `stacks`, `engine`, `env`, `fence`, `output`, `host`, `component`, `supervisor`,
+//! `live_dir`, `reconcile`, `wasm_services`.
 
 mod component;
 mod config;

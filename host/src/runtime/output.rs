@@ -106,10 +106,7 @@ pub(crate) fn guest_lines(text: &str) -> Vec<Cow<'_, str>> {
     for line in text.split('\n') {
         let mut rest = line.strip_suffix('\r').unwrap_or(line);
         loop {
-            let cut = rest
-                .floor_char_boundary(MAX_LINE)
-                .max(rest.ceil_char_boundary(1));
-            let (piece, after) = rest.split_at(cut.min(rest.len()));
+            let (piece, after) = rest.split_at(rest.floor_char_boundary(MAX_LINE));
             lines.push(escaped(piece));
             rest = after;
             if rest.is_empty() {
