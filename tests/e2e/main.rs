@@ -459,9 +459,7 @@ fn a_guest_that_leaks_descriptors_cannot_take_the_hosts() {
     ];
     // `prlimit` sets the limit and execs the host: the pid is the host's.
     let mut host = Host::start("prlimit", "a", dir.path(), &args, "info");
-    let listening = host.wait_for(&["operations endpoint listening"]);
-    let v: serde_json::Value = serde_json::from_str(&listening.text).unwrap();
-    let health = format!("http://{}/healthz", v["fields"]["addr"].as_str().unwrap());
+    let health = format!("{}/healthz", crate::ops::endpoint(&host));
     host.wait_for(&["leaking files"]);
     let fds = || {
         std::fs::read_dir(format!("/proc/{}/fd", host.pid()))

@@ -34,10 +34,16 @@ fn serve_with_endpoint(name: &'static str, dir: &Path) -> (Host, String) {
         ],
         "info",
     );
+    let base = endpoint(&host);
+    (host, base)
+}
+
+/// The base URL of `host`'s operations endpoint, from its `operations endpoint listening`
+/// line (waited for).
+pub(crate) fn endpoint(host: &Host) -> String {
     let line = host.wait_for(&["operations endpoint listening"]);
     let v: serde_json::Value = serde_json::from_str(&line.text).unwrap();
-    let addr = v["fields"]["addr"].as_str().unwrap().to_owned();
-    (host, format!("http://{addr}"))
+    format!("http://{}", v["fields"]["addr"].as_str().unwrap())
 }
 
 /// GET `url`: the status code and the body.
