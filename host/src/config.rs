@@ -82,6 +82,9 @@ pub struct FileConfig {
     pub lock_dir: Option<PathBuf>,
     /// How services are placed on the hosts: `together` (default) or `spread`.
     pub placement: Option<crate::placement::Placement>,
+    /// The longest wait between restarts of a failing service, e.g. `"5m"`.
+    #[serde(default, with = "opt_duration")]
+    pub restart_backoff_max: Option<Duration>,
     /// etcd client options.
     pub etcd: Option<EtcdFileConfig>,
     /// Per-service grants, keyed by service name (the `.wasm` file stem).
@@ -120,7 +123,33 @@ pub struct GrantConfig {
     /// Whether the service may open network sockets.
     #[serde(default)]
     pub network: bool,
+    /// The longest wait between restarts of this service; the host-wide
+    /// `restart-backoff-max` when absent.
+    #[serde(default, with = "opt_duration")]
+    pub restart_backoff_max: Option<Duration>,
+    /// What a failure of this service does beyond its restart. Default: nothing.
+    #[serde(default)]
+    pub on_failure: OnFailure,
 }
+
+/// What a service's failure does besides restarting it (SPEC §6).
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnFailure {
+    /// Restart it here with backoff; nothing else notices (the default: a guest's failure is
+    /// the same on every host, so moving the slot cannot fix it).
+    #[default]
+    Restart,
+    /// Hand the slot (or, under spread placement, the service's claim) to another host, for
+    /// failures that may be this host's own (a missing granted directory, a dependency this
+    /// host cannot reach). Once per service within [`HAND_OVER_MEMORY`]: a failure that
+    /// follows the service to the next host keeps it in backoff there.
+    HandOver,
+}
+
+/// How long a service's hand-over is remembered in the store: while it is, a failure of that
+/// service on any host restarts it with backoff and does not move the slot again.
+pub const HAND_OVER_MEMORY: Duration = Duration::from_hours(1);
 
 impl FileConfig {
     /// Reads `path`; with `explicit == false` a missing file is an empty configuration.
@@ -206,6 +235,16 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(20);
 pub const DEFAULT_ACQUISITION_TIMEOUT: Duration = Duration::from_mins(2);
 /// The default grace period of a stopping service.
 pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(5);
+/// The default longest wait between restarts of a failing service (Kubernetes' cap).
+pub const DEFAULT_RESTART_BACKOFF_MAX: Duration = Duration::from_mins(5);
+/// The wait before a failed service's first restart; each failure in a row doubles it.
+pub const RESTART_BACKOFF_INITIAL: Duration = Duration::from_millis(100);
+/// A run at least this long is clean: the next failure waits [`RESTART_BACKOFF_INITIAL`]
+/// again.
+pub const RESTART_RESET_AFTER: Duration = Duration::from_mins(1);
+/// The longest `restart-backoff-max`: a service is never left down for longer than this
+/// between two tries.
+pub const MAX_RESTART_BACKOFF_MAX: Duration = Duration::from_hours(1);
 /// The default memory cap per instance, MiB.
 pub const DEFAULT_MEMORY_LIMIT_MIB: u64 = 64;
 /// The default handle limit per instance.
@@ -349,6 +388,8 @@ pub struct Settings {
     pub lock_dir: Option<PathBuf>,
     /// How services are placed on the hosts.
     pub placement: crate::placement::Placement,
+    /// The longest wait between restarts of a failing service (per service: its grant).
+    pub restart_backoff_max: Duration,
 }
 
 impl Settings {
@@ -422,6 +463,10 @@ impl Settings {
                 .unwrap_or_else(|| default_cache_dir(&services)),
             metrics_addr: flags.metrics_addr.or(file.metrics_addr),
             placement: flags.placement.or(file.placement).unwrap_or_default(),
+            restart_backoff_max: flags
+                .restart_backoff_max
+                .or(file.restart_backoff_max)
+                .unwrap_or(DEFAULT_RESTART_BACKOFF_MAX),
             services,
             grants: file.service,
         };
@@ -432,7 +477,16 @@ impl Settings {
             grace_period: settings.grace_period,
             memory_limit_mib,
             handle_limit: settings.handle_limit,
+            restart_backoff_max: settings.restart_backoff_max,
         })?;
+        for (name, grant) in &settings.grants {
+            if let Some(max) = grant.restart_backoff_max {
+                check_restart_backoff_max(max).map_err(|reason| ConfigError::Invalid {
+                    name: "service.*.restart-backoff-max",
+                    reason: format!("service {name}: {reason}"),
+                })?;
+            }
+        }
         Ok(settings)
     }
 }
@@ -452,6 +506,8 @@ pub struct Bounded {
     pub memory_limit_mib: u64,
     /// Handle limit per instance.
     pub handle_limit: u32,
+    /// The longest wait between restarts.
+    pub restart_backoff_max: Duration,
 }
 
 /// Checks every bounded setting and the relations between settings that each parse fine
@@ -496,6 +552,8 @@ pub fn validate(v: &Bounded) -> Result<(), ConfigError> {
             );
         }
     }
+    check_restart_backoff_max(v.restart_backoff_max)
+        .or_else(|reason| invalid("restart-backoff-max", reason))?;
     if v.memory_limit_mib == 0 || v.memory_limit_mib > MAX_MEMORY_LIMIT_MIB {
         return invalid(
             "memory-limit-mib",
@@ -513,6 +571,26 @@ pub fn validate(v: &Bounded) -> Result<(), ConfigError> {
                 v.handle_limit
             ),
         );
+    }
+    Ok(())
+}
+
+/// Whether `max` can be a restart backoff's cap: no shorter than the first wait, no longer
+/// than [`MAX_RESTART_BACKOFF_MAX`].
+fn check_restart_backoff_max(max: Duration) -> Result<(), String> {
+    if max < RESTART_BACKOFF_INITIAL {
+        return Err(format!(
+            "{} is too short; at least {} (the first restart's wait)",
+            show(max),
+            show(RESTART_BACKOFF_INITIAL)
+        ));
+    }
+    if max > MAX_RESTART_BACKOFF_MAX {
+        return Err(format!(
+            "{} is too long; at most {}",
+            show(max),
+            show(MAX_RESTART_BACKOFF_MAX)
+        ));
     }
     Ok(())
 }
@@ -622,6 +700,7 @@ env = ["A=1"]
             grace_period: DEFAULT_GRACE_PERIOD,
             memory_limit_mib: DEFAULT_MEMORY_LIMIT_MIB,
             handle_limit: DEFAULT_HANDLE_LIMIT,
+            restart_backoff_max: DEFAULT_RESTART_BACKOFF_MAX,
         }
     }
 
@@ -685,6 +764,20 @@ env = ["A=1"]
                 "handle-limit",
                 Bounded {
                     handle_limit: MAX_HANDLE_LIMIT + 1,
+                    ..ok
+                },
+            ),
+            (
+                "restart-backoff-max",
+                Bounded {
+                    restart_backoff_max: Duration::from_millis(99),
+                    ..ok
+                },
+            ),
+            (
+                "restart-backoff-max",
+                Bounded {
+                    restart_backoff_max: Duration::MAX,
                     ..ok
                 },
             ),

@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::{Clock, Timestamp};
 use crate::killer::Killer;
-use crate::lease_value::{self, RunningReport, RunningService};
+use crate::lease_value::{self, RunningReport, ServiceStatus};
 use crate::ops::{Ops, RenewalOutcome};
 use crate::store::{Candidates, HandOver, Record, Store, StoreError, Term};
 
@@ -728,7 +728,7 @@ struct Renewal {
     /// The value last confirmed written: the holder, then with the running services.
     value: String,
     /// The services running under this lease, written with each renewal.
-    running: watch::Receiver<Vec<RunningService>>,
+    running: watch::Receiver<Vec<ServiceStatus>>,
     lease: Duration,
     /// Start of the last successful write.
     last_start: Timestamp,

@@ -1,5 +1,6 @@
-//! The value of a lease record (SPEC §4, §8): the holder, and the services running under the
-//! lease, so that `vvm-host status` shows them without any write of its own.
+//! The value of a lease record (SPEC §4, §6, §8): the holder, and the services under the lease
+//! with their state (running, backing off, stopped), restarts and last reason, so that
+//! `vvm-host status` shows them without any write of its own.
 //!
 //! The leader writes the running services with the renewal it makes anyway (the same
 //! compare-and-swap, now with a new value), so this costs no extra commit.
@@ -9,8 +10,14 @@
 //! ```text
 //! value    = holder                         ; no service runs (and every older record)
 //!          | holder "\n" services
-//! services = JSON array of [name, version, since]   ; since: Unix seconds
+//! services = JSON array of service
+//! service  = [name, version, since]         ; running, never failed: as older records
+//!          | [name, version, since, state, restarts, reason, until_ms]
 //! ```
+//!
+//! `since` is Unix seconds; `state` is `running`, `backing-off` or `stopped`; `reason` (or
+//! `null`) is cut to [`MAX_REASON_CHARS`]; `until_ms` (or `null`) is when a service backing
+//! off starts again, Unix milliseconds.
 //!
 //! e.g. `myhost/4242/18a3f0c2/0\n[["ticker","3fa1c09be2d4",1795467301]]`. A holder never
 //! contains a newline ([`crate::vvm::holder_value`] replaces control characters), so the first
@@ -20,31 +27,115 @@
 
 use std::sync::Arc;
 
+use serde_json::Value;
 use tokio::sync::watch;
 
-/// One service running under a lease, as the record carries it.
+/// The longest reason a record carries, in characters: a guest's 5 MB trap message is cut
+/// here, so every renewal stays small (the log has the whole reason once).
+pub const MAX_REASON_CHARS: usize = 200;
+
+/// Where a service under a lease is now (SPEC §6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServiceState {
+    /// An instance runs (or is being instantiated).
+    Running,
+    /// It failed and is restarted at `until_ms` (Unix milliseconds).
+    BackingOff {
+        /// When the next start is due, Unix milliseconds.
+        until_ms: u64,
+    },
+    /// Not running, and not restarted under this lease: it returned, or was handed over.
+    Stopped,
+}
+
+impl ServiceState {
+    /// The state's name in `status`, `/metrics` and the log: `running`, `backing-off`,
+    /// `stopped`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Running => "running",
+            Self::BackingOff { .. } => "backing-off",
+            Self::Stopped => "stopped",
+        }
+    }
+}
+
+/// One service under a lease, as the record carries it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RunningService {
+pub struct ServiceStatus {
     /// The service's name (its file stem).
     pub name: String,
     /// Its version: the start of the SHA-256 of its file, in hex.
     pub version: String,
     /// When it started under this lease, Unix seconds.
     pub since: u64,
+    /// Where it is now.
+    pub state: ServiceState,
+    /// How often it was restarted after a failure under this lease.
+    pub restarts: u32,
+    /// Why it last failed or stopped, cut to [`MAX_REASON_CHARS`]; `None` if it never did.
+    pub reason: Option<String>,
 }
 
-/// The value to write for `holder` with `services` running.
-pub fn encode(holder: &str, services: &[RunningService]) -> String {
+impl ServiceStatus {
+    /// A service that runs, has never failed, and started at `since` (Unix seconds).
+    pub fn running(name: &str, version: &str, since: u64) -> Self {
+        Self {
+            name: name.to_owned(),
+            version: version.to_owned(),
+            since,
+            state: ServiceState::Running,
+            restarts: 0,
+            reason: None,
+        }
+    }
+}
+
+/// The value to write for `holder` with `services` under its lease.
+pub fn encode(holder: &str, services: &[ServiceStatus]) -> String {
     if services.is_empty() {
         return holder.to_owned();
     }
-    let list: Vec<(&str, &str, u64)> = services
-        .iter()
-        .map(|s| (s.name.as_str(), s.version.as_str(), s.since))
-        .collect();
+    let list: Vec<Value> = services.iter().map(entry).collect();
     // Serializing strings and integers cannot fail.
     let json = serde_json::to_string(&list).unwrap_or_else(|_| "[]".to_owned());
     format!("{holder}\n{json}")
+}
+
+/// One service as a JSON array: `[name, version, since]` for a healthy running service (what
+/// every older reader reads), else `[name, version, since, state, restarts, reason,
+/// until_ms]` with `null` for an absent reason or deadline.
+fn entry(s: &ServiceStatus) -> Value {
+    let mut fields = vec![
+        Value::from(s.name.as_str()),
+        Value::from(s.version.as_str()),
+        Value::from(s.since),
+    ];
+    if s.state != ServiceState::Running || s.restarts > 0 || s.reason.is_some() {
+        let until = match s.state {
+            ServiceState::BackingOff { until_ms } => Value::from(until_ms),
+            _ => Value::Null,
+        };
+        let reason = s
+            .reason
+            .as_deref()
+            .map_or(Value::Null, |r| Value::from(cut(r)));
+        fields.extend([
+            Value::from(s.state.name()),
+            Value::from(s.restarts),
+            reason,
+            until,
+        ]);
+    }
+    Value::Array(fields)
+}
+
+/// `reason` cut to [`MAX_REASON_CHARS`], with an ellipsis where it was cut.
+pub fn cut(reason: &str) -> String {
+    match reason.char_indices().nth(MAX_REASON_CHARS) {
+        Some((at, _)) => format!("{}…", &reason[..at]),
+        None => reason.to_owned(),
+    }
 }
 
 /// The holder part of a record's value.
@@ -52,32 +143,50 @@ pub fn holder(value: &str) -> &str {
     value.split_once('\n').map_or(value, |(holder, _)| holder)
 }
 
-/// The running services a record's value carries: none for a value without any (an older
-/// record, a leader whose services have not started), or one this version cannot read.
-pub fn services(value: &str) -> Vec<RunningService> {
+/// The services a record's value carries: none for a value without any (an older record, a
+/// leader whose services have not started), or one this version cannot read.
+pub fn services(value: &str) -> Vec<ServiceStatus> {
     let Some((_, json)) = value.split_once('\n') else {
         return Vec::new();
     };
-    let Ok(list) = serde_json::from_str::<Vec<(String, String, u64)>>(json) else {
+    let Ok(list) = serde_json::from_str::<Vec<Vec<Value>>>(json) else {
         return Vec::new();
     };
-    list.into_iter()
-        .map(|(name, version, since)| RunningService {
-            name,
-            version,
-            since,
-        })
-        .collect()
+    list.iter().filter_map(|fields| parse(fields)).collect()
 }
 
-/// Where the services of one leadership say which of them run; the lease's next renewal
+/// One entry of [`entry`]'s form; `None` if it is not one.
+fn parse(fields: &[Value]) -> Option<ServiceStatus> {
+    let name = fields.first()?.as_str()?.to_owned();
+    let version = fields.get(1)?.as_str()?.to_owned();
+    let since = fields.get(2)?.as_u64()?;
+    let mut status = ServiceStatus::running(&name, &version, since);
+    if let Some(state) = fields.get(3) {
+        status.state = match state.as_str()? {
+            "running" => ServiceState::Running,
+            "stopped" => ServiceState::Stopped,
+            "backing-off" => ServiceState::BackingOff {
+                until_ms: fields.get(6).and_then(Value::as_u64).unwrap_or(0),
+            },
+            _ => return None,
+        };
+        status.restarts = fields
+            .get(4)
+            .and_then(Value::as_u64)
+            .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX));
+        status.reason = fields.get(5).and_then(Value::as_str).map(str::to_owned);
+    }
+    Some(status)
+}
+
+/// Where the services of one leadership say how each of them is; the lease's next renewal
 /// writes it into the record. Cheap to clone.
 #[derive(Clone, Debug)]
-pub struct RunningReport(Arc<watch::Sender<Vec<RunningService>>>);
+pub struct RunningReport(Arc<watch::Sender<Vec<ServiceStatus>>>);
 
 impl RunningReport {
     /// A report and the receiver the renewal reads.
-    pub fn new() -> (Self, watch::Receiver<Vec<RunningService>>) {
+    pub fn new() -> (Self, watch::Receiver<Vec<ServiceStatus>>) {
         let (tx, rx) = watch::channel(Vec::new());
         (Self(Arc::new(tx)), rx)
     }
@@ -87,13 +196,49 @@ impl RunningReport {
         Self::new().0
     }
 
-    /// Replaces the list of running services.
-    pub fn set(&self, services: Vec<RunningService>) {
+    /// Replaces the whole list.
+    pub fn set(&self, services: Vec<ServiceStatus>) {
         self.0.send_if_modified(|now| {
             let changed = *now != services;
             *now = services;
             changed
         });
+    }
+
+    /// Sets the status of the service `status.name`, adding it (in name order) if absent.
+    pub fn update(&self, status: ServiceStatus) {
+        self.0.send_if_modified(
+            |now| match now.binary_search_by(|s| s.name.cmp(&status.name)) {
+                Ok(i) if now[i] == status => false,
+                Ok(i) => {
+                    now[i] = status;
+                    true
+                }
+                Err(i) => {
+                    now.insert(i, status);
+                    true
+                }
+            },
+        );
+    }
+
+    /// Removes the service `name`, if it is there.
+    pub fn remove(&self, name: &str) {
+        self.0.send_if_modified(|now| {
+            let before = now.len();
+            now.retain(|s| s.name != name);
+            now.len() != before
+        });
+    }
+
+    /// The list as it is now.
+    pub fn get(&self) -> Vec<ServiceStatus> {
+        self.0.borrow().clone()
+    }
+
+    /// A receiver of every change from now on (tests wait on it).
+    pub fn subscribe(&self) -> watch::Receiver<Vec<ServiceStatus>> {
+        self.0.subscribe()
     }
 }
 
@@ -101,12 +246,8 @@ impl RunningReport {
 mod tests {
     use super::*;
 
-    fn svc(name: &str, since: u64) -> RunningService {
-        RunningService {
-            name: name.into(),
-            version: "0123456789ab".into(),
-            since,
-        }
+    fn svc(name: &str, since: u64) -> ServiceStatus {
+        ServiceStatus::running(name, "0123456789ab", since)
     }
 
     #[test]
@@ -130,6 +271,58 @@ mod tests {
             "h\n[[\"t\",\"0123456789ab\",5]]",
             "the documented encoding"
         );
+    }
+
+    #[test]
+    fn a_failing_service_carries_its_state_restarts_and_a_cut_reason() {
+        let long = "x".repeat(5 << 20);
+        let backing_off = ServiceStatus {
+            state: ServiceState::BackingOff {
+                until_ms: 1_795_467_301_500,
+            },
+            restarts: 3,
+            reason: Some(long.clone()),
+            ..svc("trap", 9)
+        };
+        let stopped = ServiceStatus {
+            state: ServiceState::Stopped,
+            reason: Some("returned".into()),
+            ..svc("done", 9)
+        };
+        let value = encode("h", &[backing_off.clone(), stopped.clone(), svc("ok", 9)]);
+        assert!(
+            value.len() < 1024,
+            "a 5 MB reason is cut: {} bytes",
+            value.len()
+        );
+        let read = services(&value);
+        assert_eq!(read[0].state, backing_off.state);
+        assert_eq!(read[0].restarts, 3);
+        let reason = read[0].reason.as_deref().unwrap();
+        assert_eq!(reason.chars().count(), MAX_REASON_CHARS + 1);
+        assert!(reason.ends_with('…'), "{reason}");
+        assert_eq!(read[1], stopped);
+        assert_eq!(read[2], svc("ok", 9));
+        assert!(
+            value.ends_with(",[\"ok\",\"0123456789ab\",9]]"),
+            "a healthy service is written as older readers read it: {value}"
+        );
+    }
+
+    #[test]
+    fn reports_update_one_service_in_name_order() {
+        let (report, rx) = RunningReport::new();
+        report.update(svc("b", 1));
+        report.update(svc("a", 1));
+        let failed = ServiceStatus {
+            restarts: 1,
+            ..svc("b", 1)
+        };
+        report.update(failed.clone());
+        assert_eq!(*rx.borrow(), vec![svc("a", 1), failed]);
+        report.remove("a");
+        report.remove("nothing");
+        assert_eq!(rx.borrow().len(), 1);
     }
 
     #[test]

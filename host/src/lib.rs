@@ -4,6 +4,7 @@
 //!
 //! - [`clock`]: `CLOCK_BOOTTIME` readings for store expiry and the local lease deadline.
 //! - [`store`]: the TTL store contract and its backends (memory, redb, etcd).
+//! - [`keys`]: the store's key layout: every record vvm-host writes, by prefix.
 //! - [`killer`]: the watchdog thread that ends the process if renewal stalls.
 //! - [`log_output`]: stderr written without ever waiting for its reader.
 //! - [`elections`]: acquire, renew and release leases; the local lease deadline.
@@ -24,6 +25,7 @@ pub mod clock;
 pub mod config;
 pub mod elections;
 pub mod holder_lock;
+pub mod keys;
 pub mod killer;
 pub mod lease_value;
 pub mod log_output;

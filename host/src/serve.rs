@@ -319,6 +319,10 @@ fn needs_restart(a: &Settings, b: &Settings) -> Vec<&'static str> {
         ("metrics-addr", a.metrics_addr != b.metrics_addr),
         ("lock-dir", a.lock_dir != b.lock_dir),
         ("placement", a.placement != b.placement),
+        (
+            "restart-backoff-max",
+            a.restart_backoff_max != b.restart_backoff_max,
+        ),
     ];
     differs
         .into_iter()
@@ -332,8 +336,8 @@ mod tests {
 
     use super::*;
     use crate::config::FileConfig;
+    use crate::keys::slot_key;
     use crate::store::{Record, RedbStore, TtlStore};
-    use crate::vvm::slot_key;
 
     /// Waits (up to a minute) until slot 1's record satisfies `ok`, and returns it.
     async fn slot_until(store: &RedbStore, ok: impl Fn(Option<&Record>) -> bool) -> Option<Record> {

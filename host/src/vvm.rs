@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::elections::{ElectionError, Elections, Leadership, retry_pause};
 use crate::holder_lock::{DeadHolders, HolderLockDir};
+use crate::keys::{CANDIDATE_PREFIX, SLOT_PREFIX, slot_key};
 use crate::killer::Killer;
 use crate::lease_value;
 use crate::problem::{Problem, ProblemReporter};
@@ -66,13 +67,6 @@ fn this_run() -> &'static str {
     })
 }
 
-/// The prefix of the slots' lease records.
-pub const SLOT_PREFIX: &str = "slot/";
-
-/// The prefix of the records of hosts waiting for a slot, to which a releasing leader hands
-/// its slot in the same write ([`crate::store::TtlStore::hand_over`]).
-pub const CANDIDATE_PREFIX: &str = "candidate/";
-
 /// The hosts our slot may be handed to: those standing under [`CANDIDATE_PREFIX`] that
 /// [`can_take_over`].
 fn candidates() -> Candidates {
@@ -124,11 +118,6 @@ fn node_name() -> String {
         .nodename()
         .to_string_lossy()
         .replace(char::is_control, "_")
-}
-
-/// The store key of slot `slot`.
-pub fn slot_key(slot: u32) -> String {
-    format!("{SLOT_PREFIX}{slot}")
 }
 
 /// Where a launched VVM is in its life, for logs, status and tests.

@@ -10,7 +10,9 @@ use tempfile::TempDir;
 use testkit::{guests, logs};
 use tokio_util::sync::CancellationToken;
 use vvm_host::clock::{Clock, ManualClock, SystemClock};
+use vvm_host::config::OnFailure;
 use vvm_host::elections::LeaseDeadline;
+use vvm_host::lease_value::{RunningReport, ServiceState, ServiceStatus};
 use vvm_host::problem::{Problem, ProblemReporter};
 use vvm_host::runtime::{
     DirGrant, Grants, LoadErrorKind, RestartPolicy, RuntimeConfig, ServiceKind, WasmServices,
@@ -65,9 +67,27 @@ async fn lease(deadline: LeaseDeadline) -> Lease {
         stopping: CancellationToken::new(),
         problems: ProblemReporter::default(),
         store: Arc::new(store.clone()),
-        running: vvm_host::lease_value::RunningReport::detached(),
+        running: RunningReport::detached(),
     };
     Lease { store, ctx }
+}
+
+/// Waits (10 s at most) until service `name` has failed `times` times (and backs off after
+/// the last of them): its status then.
+async fn failed(l: &Lease, name: &str, times: u32) -> ServiceStatus {
+    let mut report = l.ctx.running.subscribe();
+    let wait = report.wait_for(|services| {
+        services.iter().any(|s| {
+            s.name == name
+                && matches!(s.state, ServiceState::BackingOff { .. })
+                && s.restarts + 1 >= times
+        })
+    });
+    let services = tokio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .unwrap_or_else(|_| panic!("{name} did not fail {times} times"))
+        .unwrap();
+    services.iter().find(|s| s.name == name).unwrap().clone()
 }
 
 fn far_deadline() -> LeaseDeadline {
@@ -245,30 +265,21 @@ async fn a_spinning_guest_is_dropped_after_the_grace_period() {
     assert_eq!(logs::count("spin-ticker", "grace period over"), 0);
 }
 
-/// Runs the one service `name` of `config` until it has failed twice (10 ms apart) and
-/// become a problem; returns the problem's reason.
+/// Runs the one service `name` of `config` until it has failed twice (10 ms apart); returns
+/// the reason of its last failure. No failure is a problem of the lease.
 async fn reason_after_failing_twice(mut config: RuntimeConfig, name: &str) -> String {
-    config.restart = RestartPolicy {
-        initial_backoff: Duration::from_millis(10),
-        max_failures: 2,
-        ..RestartPolicy::default()
-    };
+    config.restart.initial_backoff = Duration::from_millis(10);
     let (services, _) = WasmServices::load(config).unwrap();
     let l = lease(far_deadline()).await;
     let running = services.start(l.ctx.clone()).await.unwrap();
-    let problem = tokio::time::timeout(Duration::from_secs(10), l.ctx.problems.wait())
-        .await
-        .expect("the service fails twice");
+    let status = failed(&l, name, 2).await;
     running.stop().await;
-    let Problem::Service {
-        name: failed,
-        reason,
-    } = problem
-    else {
-        panic!("{problem:?}")
-    };
-    assert_eq!(failed, name);
-    reason
+    assert_eq!(
+        l.ctx.problems.get(),
+        None,
+        "a failure stays with its service"
+    );
+    status.reason.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -293,40 +304,126 @@ async fn a_guest_that_never_gives_a_handle_back_is_stopped_at_its_limit() {
     assert_eq!(logs::count("leak", "leaking timers"), 2);
 }
 
+/// Issue 28: a failing service is restarted on its own with a wait that doubles up to its
+/// cap, its reason is said once and then counted, and its neighbour never notices: never
+/// restarted, never a problem of the lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failing_guest_is_restarted_with_backoff_then_escalated() {
-    let (_dir, mut config) = setup(&[("test/trap", "trapper")]);
+async fn a_failing_guest_is_restarted_with_backoff_and_its_neighbour_never_notices() {
+    let (_dir, mut config) = setup(&[("test/trap", "trapper"), ("rust-ticker", "neighbour")]);
+    config.grants.insert("neighbour".into(), tick_env(20));
     config.restart = RestartPolicy {
         initial_backoff: Duration::from_millis(100),
-        max_backoff: Duration::from_secs(1),
-        max_failures: 3,
-        window: Duration::from_mins(1),
+        max_backoff: Duration::from_secs(10),
+        ..RestartPolicy::default()
     };
+    // The trapper's own cap: 400 ms.
+    config.grants.insert(
+        "trapper".into(),
+        Grants {
+            restart_backoff_max: Some(Duration::from_millis(400)),
+            ..Grants::default()
+        },
+    );
     let (services, _) = WasmServices::load(config).unwrap();
     let l = lease(far_deadline()).await;
     let started = std::time::Instant::now();
     let running = services.start(l.ctx.clone()).await.unwrap();
-    let problem = tokio::time::timeout(Duration::from_secs(10), l.ctx.problems.wait())
-        .await
-        .expect("escalated");
-    // Three runs, with 100 ms then 200 ms between them.
+    let status = failed(&l, "trapper", 5).await;
+    // Five runs, with 100, 200, 400 and 400 ms between them.
     assert!(
-        started.elapsed() >= Duration::from_millis(300),
+        started.elapsed() >= Duration::from_millis(1100),
         "{:?}",
         started.elapsed()
     );
-    assert_eq!(logs::count("trapper", "service running"), 3);
+    assert!(
+        status.reason.as_deref().unwrap().contains("trapped"),
+        "{status:?}"
+    );
+    assert!(
+        logs::count_with("trapper", "backing off", "wait=400ms") >= 2,
+        "capped at its own 400 ms"
+    );
+    assert_eq!(logs::count_with("trapper", "backing off", "wait=800ms"), 0);
+    assert_eq!(logs::count("trapper", "service failed; backing off"), 1);
+    assert!(logs::count("trapper", "service failed again, as before") >= 4);
     assert!(
         logs::count("trapper", "failing on purpose") >= 1,
         "the panic reached the log"
     );
+    assert_eq!(l.ctx.problems.get(), None, "never a problem of the lease");
+    assert_eq!(
+        logs::count("neighbour", "service running"),
+        1,
+        "never restarted"
+    );
+    let ticks = logs::count("neighbour", "tick");
+    until("the neighbour ticks on", async || {
+        logs::count("neighbour", "tick") > ticks + 5
+    })
+    .await;
+    running.stop().await;
+}
+
+/// Issue 28: `on-failure = "hand-over"` hands the lease over at the first failure, and
+/// records it; a host that took over and sees the same service fail keeps it in backoff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_over_is_recorded_and_not_made_again_by_the_next_host() {
+    let (_dir, mut config) = setup(&[("test/trap", "handed")]);
+    config.grants.insert(
+        "handed".into(),
+        Grants {
+            on_failure: OnFailure::HandOver,
+            ..Grants::default()
+        },
+    );
+    config.restart.initial_backoff = Duration::from_millis(10);
+    let (services, _) = WasmServices::load(config).unwrap();
+    let a = lease(far_deadline()).await;
+    let running = services.start(a.ctx.clone()).await.unwrap();
+    let problem = tokio::time::timeout(Duration::from_secs(10), a.ctx.problems.wait())
+        .await
+        .expect("handed over");
+    running.stop().await;
     let Problem::Service { name, reason } = problem else {
         panic!("{problem:?}")
     };
-    assert_eq!(name, "trapper");
-    assert!(reason.contains("failed 3 times"), "{reason}");
-    assert!(reason.contains("trapped"), "{reason}");
+    assert_eq!(name, "handed");
+    assert!(
+        reason.contains("hand-over") && reason.contains("trapped"),
+        "{reason}"
+    );
+    let record = a.store.get("handover/handed").await.unwrap().unwrap();
+    let record: serde_json::Value = serde_json::from_str(&record.value).unwrap();
+    assert_eq!(record["holder"], "host-a");
+    assert_eq!(record["term"], a.ctx.lease.term);
+
+    // Host B takes the slot over (same store) and the service fails there too.
+    let b_term = a
+        .store
+        .insert_if_absent("vvm/slot/2", "host-b", Duration::from_secs(20))
+        .await
+        .unwrap()
+        .unwrap();
+    let b = Lease {
+        store: a.store.clone(),
+        ctx: ServiceContext {
+            lease: LeaseInfo {
+                holder: "host-b".into(),
+                term: b_term,
+                key: "vvm/slot/2".into(),
+                ..a.ctx.lease.clone()
+            },
+            problems: ProblemReporter::default(),
+            stopping: CancellationToken::new(),
+            running: RunningReport::detached(),
+            ..a.ctx.clone()
+        },
+    };
+    let running = services.start(b.ctx.clone()).await.unwrap();
+    failed(&b, "handed", 3).await;
     running.stop().await;
+    assert_eq!(b.ctx.problems.get(), None, "not handed over again");
+    assert!(logs::count("handed", "kept here in backoff") >= 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -359,6 +456,7 @@ async fn files_and_sockets_are_denied_unless_granted() {
                 read_only: true,
             }],
             network: true,
+            ..Grants::default()
         },
     );
     let (services, _) = WasmServices::load(config).unwrap();
@@ -448,8 +546,7 @@ async fn no_effect_after_the_lease_deadline() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_under_an_older_term_is_rejected() {
-    let (_dir, mut config) = setup(&[("rust-counter", "stale-counter")]);
-    config.restart.max_failures = 1;
+    let (_dir, config) = setup(&[("rust-counter", "stale-counter")]);
     let (services, _) = WasmServices::load(config).unwrap();
     let l = lease(far_deadline()).await;
     // Another host acquires the slot after ours expired: the store's term moves on.
@@ -467,10 +564,8 @@ async fn a_write_under_an_older_term_is_rejected() {
         .unwrap();
     assert!(newer > l.ctx.lease.term);
     let running = services.start(l.ctx.clone()).await.unwrap();
-    let problem = tokio::time::timeout(Duration::from_secs(10), l.ctx.problems.wait())
-        .await
-        .expect("the counter fails");
-    assert!(problem.to_string().contains("stale term"), "{problem}");
+    let reason = failed(&l, "stale-counter", 1).await.reason.unwrap();
+    assert!(reason.contains("stale term"), "{reason}");
     assert_eq!(kv(&l.store, "stale-counter", "count").await, None);
     assert_eq!(logs::count("stale-counter", "set failed: stale term"), 1);
     running.stop().await;
@@ -704,6 +799,7 @@ async fn trial(effect: &str, fenced: bool, cache: &std::path::Path) -> Trial {
                 ("EFFECT_ADDR".into(), addr.to_string()),
             ],
             network: true,
+            ..Grants::default()
         },
     );
     let (services, errors) = WasmServices::load(config).unwrap();

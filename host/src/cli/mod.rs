@@ -202,6 +202,11 @@ pub struct ServeArgs {
     /// together].
     #[arg(long, env = "VVM_PLACEMENT", value_enum)]
     pub placement: Option<crate::placement::Placement>,
+    /// The longest wait between restarts of a failing service; each failure in a row doubles
+    /// the wait from 100 ms up to this [default: [`config::DEFAULT_RESTART_BACKOFF_MAX`]].
+    #[arg(long, env = "VVM_RESTART_BACKOFF_MAX", value_parser = config::parse_duration, allow_hyphen_values = true,
+        help = format!("The longest wait between restarts of a failing service; each failure in a row doubles the wait from 100ms up to this [default: {}]", show(config::DEFAULT_RESTART_BACKOFF_MAX)))]
+    pub restart_backoff_max: Option<Duration>,
 }
 
 impl StoreArgs {
@@ -248,6 +253,7 @@ impl ServeArgs {
             metrics_addr: self.metrics_addr,
             lock_dir: self.lock_dir.clone(),
             placement: self.placement,
+            restart_backoff_max: self.restart_backoff_max,
             ..self.store.layer()
         };
         Settings::resolve(flags, self.store.config.as_deref())
@@ -433,6 +439,8 @@ mod tests {
             && s.grace_period <= config::MAX_GRACE_PERIOD
             && (1..=config::mib_to_bytes(config::MAX_MEMORY_LIMIT_MIB)).contains(&s.memory_limit)
             && (config::MIN_HANDLE_LIMIT..=config::MAX_HANDLE_LIMIT).contains(&s.handle_limit)
+            && (config::RESTART_BACKOFF_INITIAL..=config::MAX_RESTART_BACKOFF_MAX)
+                .contains(&s.restart_backoff_max)
             && s.metrics_addr.is_some()
     }
 
@@ -451,6 +459,7 @@ mod tests {
             cluster in any::<u32>(),
             memory in any::<u64>(),
             handles in any::<u32>(),
+            backoff in duration_text(),
             metrics_addr in prop_oneof![
                 "[0-9a-z.:\\[\\] ]{0,24}",
                 (any::<[u8; 4]>(), any::<u16>())
@@ -461,7 +470,7 @@ mod tests {
                 "lease = \"{lease}\"\nacquisition-timeout = \"{acquisition}\"\n\
                  grace-period = \"{grace}\"\ncluster-size = {cluster}\n\
                  memory-limit-mib = {memory}\nhandle-limit = {handles}\n\
-                 metrics-addr = \"{metrics_addr}\"\n"
+                 restart-backoff-max = \"{backoff}\"\nmetrics-addr = \"{metrics_addr}\"\n"
             );
             let (cluster, memory, handles) =
                 (cluster.to_string(), memory.to_string(), handles.to_string());
@@ -469,13 +478,13 @@ mod tests {
                 "--lease", &lease, "--acquisition-timeout", &acquisition,
                 "--grace-period", &grace, "--cluster-size", &cluster,
                 "--memory-limit-mib", &memory, "--handle-limit", &handles,
-                "--metrics-addr", &metrics_addr,
+                "--restart-backoff-max", &backoff, "--metrics-addr", &metrics_addr,
             ];
             for outcome in resolve_both(&file, &flags) {
                 match outcome {
                     Ok(settings) => prop_assert!(within_bounds(&settings), "{settings:?}"),
                     Err(message) => prop_assert!(
-                        ["lease", "acquisition", "grace", "cluster", "memory", "handle", "duration", "metrics-addr"]
+                        ["lease", "acquisition", "grace", "cluster", "memory", "handle", "restart-backoff-max", "duration", "metrics-addr"]
                             .iter()
                             .any(|name| message.contains(name)),
                         "{message}"

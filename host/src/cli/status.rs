@@ -6,21 +6,24 @@ use std::process::ExitCode;
 
 use super::StoreArgs;
 use crate::config;
-use crate::lease_value;
+use crate::keys::{HAND_OVER_PREFIX, MEMBER_PREFIX, SERVICE_PREFIX, slot_key};
+use crate::lease_value::{self, ServiceState, ServiceStatus};
 use crate::placement::Placement;
-use crate::placement::spread::{MEMBER_PREFIX, SERVICE_PREFIX};
 use crate::runtime::RuntimeConfig;
 use crate::store::{self, Record};
-use crate::vvm::slot_key;
 
-/// Prints who holds each slot, with term and time left, and the services running there and
-/// since when: a table, or with `json` one JSON object (`{"slots": [{"slot", "holder",
-/// "term", "time_left_ms", "services": [{"name", "version", "since"}]}]}`, `since` in Unix
-/// seconds, `null`s for a free slot). The services are those the leader wrote with its last
-/// renewal ([`crate::lease_value`]). Under spread placement (or whenever there are any), the
-/// members and each service's claim instead (JSON: `"members": [{"holder", "time_left_ms"}]`,
-/// `"claims": [{"service", "holder", "term", "time_left_ms"}]`, always present). Safe while
-/// hosts serve.
+/// Prints who holds each slot, with term and time left, and the services there: since when,
+/// their state (running, backing off until when, stopped), restarts and last reason. A table,
+/// or with `json` one JSON object (`{"slots": [{"slot", "holder", "term", "time_left_ms",
+/// "services": [{"name", "version", "since", "state", "restarts", "reason",
+/// "backing_off_until"}]}]}`, `since` in Unix seconds, `backing_off_until` in Unix
+/// milliseconds or `null`, `null`s for a free slot). The services are those the leader wrote
+/// with its last renewal ([`crate::lease_value`]). Under spread placement (or whenever there
+/// are any), the members and each service's claim instead (JSON: `"members": [{"holder",
+/// "time_left_ms"}]`, `"claims": [{"service", "holder", "term", "time_left_ms"}]`, always
+/// present). Services handed over after a failure within the last hour are listed too (JSON:
+/// `"hand_overs": [{"service", "record", "time_left_ms"}]`, the record as the host wrote it).
+/// Safe while hosts serve.
 pub(super) async fn status(args: &StoreArgs, json: bool) -> anyhow::Result<ExitCode> {
     let settings = args.settings()?;
     let opened = store::open(&settings, true).await?;
@@ -29,25 +32,54 @@ pub(super) async fn status(args: &StoreArgs, json: bool) -> anyhow::Result<ExitC
     for slot in 1..=settings.cluster_size {
         slots.push((slot, store.get(&slot_key(slot)).await?));
     }
-    let members = store.list(MEMBER_PREFIX).await?;
-    let claims = store.list(SERVICE_PREFIX).await?;
+    let seen = Seen {
+        slots,
+        members: store.list(MEMBER_PREFIX).await?,
+        claims: store.list(SERVICE_PREFIX).await?,
+        hand_overs: store.list(HAND_OVER_PREFIX).await?,
+    };
     drop(store);
     opened.close().await;
     let mut out = Vec::new();
     if json {
-        let slots: Vec<_> = slots
+        writeln!(out, "{}", seen.json())?;
+    } else if settings.placement == Placement::Spread
+        || !seen.members.is_empty()
+        || !seen.claims.is_empty()
+    {
+        print_spread(&mut out, &seen.members, &seen.claims)?;
+        print_hand_overs(&mut out, &seen.hand_overs)?;
+    } else {
+        print_slots(&mut out, &seen.slots)?;
+        print_hand_overs(&mut out, &seen.hand_overs)?;
+    }
+    emit(&out)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What `status` read from the store.
+struct Seen {
+    slots: Vec<(u32, Option<Record>)>,
+    members: Vec<(String, Record)>,
+    claims: Vec<(String, Record)>,
+    hand_overs: Vec<(String, Record)>,
+}
+
+impl Seen {
+    /// The JSON object [`status`] documents.
+    fn json(&self) -> serde_json::Value {
+        let slots: Vec<_> = self
+            .slots
             .iter()
             .map(|(slot, record)| match record {
                 Some(r) => serde_json::json!({
                     "slot": slot,
                     "holder": lease_value::holder(&r.value),
                     "term": r.term,
-                    "time_left_ms": u64::try_from(r.time_left.as_millis()).unwrap_or(u64::MAX),
+                    "time_left_ms": ms(r),
                     "services": lease_value::services(&r.value)
                         .iter()
-                        .map(|s| serde_json::json!({
-                            "name": s.name, "version": s.version, "since": s.since,
-                        }))
+                        .map(service_json)
                         .collect::<Vec<_>>(),
                 }),
                 None => serde_json::json!({
@@ -56,11 +88,13 @@ pub(super) async fn status(args: &StoreArgs, json: bool) -> anyhow::Result<ExitC
                 }),
             })
             .collect();
-        let members: Vec<_> = members
+        let members: Vec<_> = self
+            .members
             .iter()
             .map(|(_, r)| serde_json::json!({ "holder": r.value, "time_left_ms": ms(r) }))
             .collect();
-        let claims: Vec<_> = claims
+        let claims: Vec<_> = self
+            .claims
             .iter()
             .map(|(key, r)| {
                 serde_json::json!({
@@ -69,19 +103,26 @@ pub(super) async fn status(args: &StoreArgs, json: bool) -> anyhow::Result<ExitC
                 })
             })
             .collect();
-        writeln!(
-            out,
-            "{}",
-            serde_json::json!({ "slots": slots, "members": members, "claims": claims })
-        )?;
-        emit(&out)?;
-        return Ok(ExitCode::SUCCESS);
+        let hand_overs: Vec<_> = self
+            .hand_overs
+            .iter()
+            .map(|(key, r)| {
+                serde_json::json!({
+                    "service": key.strip_prefix(HAND_OVER_PREFIX).unwrap_or(key),
+                    "record": serde_json::from_str::<serde_json::Value>(&r.value)
+                        .unwrap_or_else(|_| r.value.clone().into()),
+                    "time_left_ms": ms(r),
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "slots": slots, "members": members, "claims": claims, "hand_overs": hand_overs,
+        })
     }
-    if settings.placement == Placement::Spread || !members.is_empty() || !claims.is_empty() {
-        print_spread(&mut out, &members, &claims)?;
-        emit(&out)?;
-        return Ok(ExitCode::SUCCESS);
-    }
+}
+
+/// Together placement's view: each slot's holder, term and time left, and its services.
+fn print_slots(out: &mut impl Write, slots: &[(u32, Option<Record>)]) -> std::io::Result<()> {
     writeln!(
         out,
         "{:<6} {:<48} {:>8} {:>10}",
@@ -99,15 +140,7 @@ pub(super) async fn status(args: &StoreArgs, json: bool) -> anyhow::Result<ExitC
                     record.time_left.as_secs_f64()
                 )?;
                 for s in lease_value::services(&record.value) {
-                    let since = std::time::UNIX_EPOCH + std::time::Duration::from_secs(s.since);
-                    writeln!(
-                        out,
-                        "{:<6}   service {} {} since {}",
-                        "",
-                        s.name,
-                        s.version,
-                        humantime::format_rfc3339_seconds(since)
-                    )?;
+                    print_service(out, &s)?;
                 }
             }
             None => {
@@ -115,8 +148,61 @@ pub(super) async fn status(args: &StoreArgs, json: bool) -> anyhow::Result<ExitC
             }
         }
     }
-    emit(&out)?;
-    Ok(ExitCode::SUCCESS)
+    Ok(())
+}
+
+/// One service under a slot, as JSON.
+fn service_json(s: &ServiceStatus) -> serde_json::Value {
+    let until = match s.state {
+        ServiceState::BackingOff { until_ms } => Some(until_ms),
+        _ => None,
+    };
+    serde_json::json!({
+        "name": s.name, "version": s.version, "since": s.since,
+        "state": s.state.name(), "restarts": s.restarts, "reason": s.reason,
+        "backing_off_until": until,
+    })
+}
+
+/// One service under a slot, as a line of the table (and a second with its last reason).
+fn print_service(out: &mut impl Write, s: &ServiceStatus) -> std::io::Result<()> {
+    let at = |since: std::time::SystemTime| humantime::format_rfc3339_seconds(since);
+    let since = std::time::UNIX_EPOCH + std::time::Duration::from_secs(s.since);
+    let state = match s.state {
+        ServiceState::BackingOff { until_ms } => {
+            let until = std::time::UNIX_EPOCH + std::time::Duration::from_millis(until_ms);
+            format!("backing off until {}", at(until))
+        }
+        state => state.name().to_owned(),
+    };
+    writeln!(
+        out,
+        "{:<6}   service {} {} since {}: {state}, {} restarts",
+        "",
+        s.name,
+        s.version,
+        at(since),
+        s.restarts
+    )?;
+    if let Some(reason) = &s.reason {
+        let reason = crate::log_output::escaped(reason);
+        writeln!(out, "{:<6}     last: {reason}", "")?;
+    }
+    Ok(())
+}
+
+/// The services handed over after a failure, if any.
+fn print_hand_overs(out: &mut impl Write, hand_overs: &[(String, Record)]) -> std::io::Result<()> {
+    for (key, r) in hand_overs {
+        writeln!(
+            out,
+            "handed over: {} {} (remembered {:.0}s more)",
+            key.strip_prefix(HAND_OVER_PREFIX).unwrap_or(key),
+            crate::log_output::escaped(&r.value),
+            r.time_left.as_secs_f64()
+        )?;
+    }
+    Ok(())
 }
 
 /// Time left of a record in milliseconds, for JSON.

@@ -50,6 +50,9 @@ pub enum KvOutcome {
 }
 
 impl KvOutcome {
+    /// Every outcome, for series that exist at 0 from a service's load.
+    const ALL: [Self; 4] = [Self::Ok, Self::Limited, Self::Stale, Self::Error];
+
     fn label(self) -> &'static str {
         match self {
             Self::Ok => "ok",
@@ -76,6 +79,15 @@ struct ServiceLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    service: String,
+    state: &'static str,
+}
+
+/// The states of `vvm_service_state`, as [`crate::lease_value::ServiceState::name`] gives them.
+const SERVICE_STATES: [&str; 3] = ["running", "backing-off", "stopped"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KvLabels {
     service: String,
     outcome: &'static str,
@@ -97,6 +109,7 @@ pub(super) struct Metrics {
     service_failures: Family<ServiceLabels, Counter>,
     effects_refused: Family<ServiceLabels, Counter>,
     kv_writes: Family<KvLabels, Counter>,
+    service_state: Family<StateLabels, Gauge>,
 }
 
 impl Metrics {
@@ -114,6 +127,7 @@ impl Metrics {
         let service_failures = Family::<ServiceLabels, Counter>::default();
         let effects_refused = Family::<ServiceLabels, Counter>::default();
         let kv_writes = Family::<KvLabels, Counter>::default();
+        let service_state = Family::<StateLabels, Gauge>::default();
         let r = &mut registry;
         r.register(
             "vvm_lease_held",
@@ -175,6 +189,11 @@ impl Metrics {
             "Guest key-value writes, by outcome (ok, limited, stale, error)",
             kv_writes.clone(),
         );
+        r.register(
+            "vvm_service_state",
+            "1 for the state each loaded service is in (running, backing-off, stopped), else 0",
+            service_state.clone(),
+        );
         let renewals = ["ok", "lost", "error"]
             .map(|outcome| renewals.get_or_create(&OutcomeLabels { outcome }).clone());
         Self {
@@ -191,6 +210,74 @@ impl Metrics {
             service_failures,
             effects_refused,
             kv_writes,
+            service_state,
+        }
+    }
+
+    /// Service `service` was loaded: every per-service series exists from now on, at 0 (so
+    /// that `increase()` sees the first event), and its state is `stopped` until it runs.
+    pub fn service_loaded(&self, service: &str) {
+        let labels = ServiceLabels {
+            service: service.to_owned(),
+        };
+        for family in [
+            &self.service_restarts,
+            &self.service_failures,
+            &self.effects_refused,
+        ] {
+            drop(family.get_or_create(&labels));
+        }
+        for outcome in KvOutcome::ALL {
+            drop(self.kv_writes.get_or_create(&KvLabels {
+                service: service.to_owned(),
+                outcome: outcome.label(),
+            }));
+        }
+        let stopped = StateLabels {
+            service: service.to_owned(),
+            state: "stopped",
+        };
+        // A reload of a known service keeps the state it is in.
+        if self.service_state.get(&stopped).is_none() {
+            self.service_state(service, "stopped");
+        }
+    }
+
+    /// Service `service` was removed: its series go with it.
+    pub fn service_removed(&self, service: &str) {
+        let labels = ServiceLabels {
+            service: service.to_owned(),
+        };
+        for family in [
+            &self.service_restarts,
+            &self.service_failures,
+            &self.effects_refused,
+        ] {
+            family.remove(&labels);
+        }
+        for outcome in KvOutcome::ALL {
+            self.kv_writes.remove(&KvLabels {
+                service: service.to_owned(),
+                outcome: outcome.label(),
+            });
+        }
+        for state in SERVICE_STATES {
+            self.service_state.remove(&StateLabels {
+                service: service.to_owned(),
+                state,
+            });
+        }
+    }
+
+    /// Service `service` is now in `state` (one of [`SERVICE_STATES`]).
+    pub fn service_state(&self, service: &str, state: &'static str) {
+        for s in SERVICE_STATES {
+            self.service_state
+                .get_or_create(&StateLabels {
+                    service: service.to_owned(),
+                    state: s,
+                })
+                .set(i64::from(s == state));
         }
     }
 
@@ -325,6 +412,44 @@ mod tests {
         ] {
             assert!(out.lines().any(|l| l == line), "{line} missing in:\n{out}");
         }
+    }
+
+    /// Issue 28: a series that appears only with its first event hides that event from
+    /// `increase()`; every per-service series is there at 0 from the service's load, and goes
+    /// with its removal.
+    #[test]
+    fn per_service_series_exist_at_zero_from_the_load_and_go_with_the_service() {
+        let m = Metrics::new();
+        m.service_loaded("svc");
+        let out = text(&m);
+        for line in [
+            "vvm_service_failures_total{service=\"svc\"} 0",
+            "vvm_service_restarts_total{service=\"svc\"} 0",
+            "vvm_guest_effects_refused_total{service=\"svc\"} 0",
+            "vvm_kv_writes_total{service=\"svc\",outcome=\"ok\"} 0",
+            "vvm_kv_writes_total{service=\"svc\",outcome=\"limited\"} 0",
+            "vvm_kv_writes_total{service=\"svc\",outcome=\"stale\"} 0",
+            "vvm_kv_writes_total{service=\"svc\",outcome=\"error\"} 0",
+            "vvm_service_state{service=\"svc\",state=\"stopped\"} 1",
+            "vvm_service_state{service=\"svc\",state=\"running\"} 0",
+            "vvm_service_state{service=\"svc\",state=\"backing-off\"} 0",
+        ] {
+            assert!(out.lines().any(|l| l == line), "{line} missing in:\n{out}");
+        }
+        m.service_state("svc", "backing-off");
+        m.service_restarted("svc");
+        // A reload (a new version) keeps the counts and the state.
+        m.service_loaded("svc");
+        let out = text(&m);
+        for line in [
+            "vvm_service_restarts_total{service=\"svc\"} 1",
+            "vvm_service_state{service=\"svc\",state=\"backing-off\"} 1",
+            "vvm_service_state{service=\"svc\",state=\"stopped\"} 0",
+        ] {
+            assert!(out.lines().any(|l| l == line), "{line} missing in:\n{out}");
+        }
+        m.service_removed("svc");
+        assert!(!text(&m).contains("svc"), "{}", text(&m));
     }
 
     #[test]

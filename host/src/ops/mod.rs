@@ -137,6 +137,22 @@ impl Ops {
         RunningGuard { gauge }
     }
 
+    /// Service `service` was loaded (at start or into the live directory): its series exist
+    /// from now on, at 0.
+    pub fn service_loaded(&self, service: &str) {
+        self.inner.metrics.service_loaded(service);
+    }
+
+    /// Service `service` was removed from the services directory: its series go.
+    pub fn service_removed(&self, service: &str) {
+        self.inner.metrics.service_removed(service);
+    }
+
+    /// Service `service` is now in `state` (`vvm_service_state`).
+    pub fn service_state(&self, service: &str, state: crate::lease_value::ServiceState) {
+        self.inner.metrics.service_state(service, state.name());
+    }
+
     /// A run of `service` failed.
     pub fn service_failed(&self, service: &str) {
         self.inner.metrics.service_failed(service);

@@ -58,8 +58,8 @@ pub struct MixedPlacement {
 /// [`MixedPlacement`], naming a live record of the other placement.
 pub async fn refuse_mixed(store: &dyn Store, placement: Placement) -> Result<(), MixedPlacement> {
     let (live, prefix) = match placement {
-        Placement::Together => (Placement::Spread, spread::MEMBER_PREFIX),
-        Placement::Spread => (Placement::Together, crate::vvm::SLOT_PREFIX),
+        Placement::Together => (Placement::Spread, crate::keys::MEMBER_PREFIX),
+        Placement::Spread => (Placement::Together, crate::keys::SLOT_PREFIX),
     };
     match store.list(prefix).await {
         Ok(records) => match records.into_iter().next() {

@@ -8,7 +8,7 @@
 //!   services split over the live members ([`super::fair_share`]): below it, the host claims
 //!   free (or expired) services; above it, it hands its surplus over gracefully (stop signal,
 //!   grace period, drop, then delete the claim, which wakes the others at once). A joining
-//!   host wakes the others too ([`ANNOUNCE_PREFIX`]), so they hand over at once.
+//!   host wakes the others too ([`crate::keys::ANNOUNCE_PREFIX`]), so they hand over at once.
 //! - **One renewal.** Every `L/4` one store write renews every record carrying this host's
 //!   holder value ([`crate::store::TtlStore::renew_all`]). What it returns is what the host
 //!   holds: its own memory of its claims is never trusted (seed 003). A claim the renewal did
@@ -37,6 +37,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::elections::{LeaseDeadline, retry_pause, valid_until};
+use crate::keys::{ANNOUNCE_PREFIX, MEMBER_PREFIX, SERVICE_PREFIX, member_key, service_key};
 use crate::killer::Killer;
 use crate::lease_value::RunningReport;
 use crate::ops::{Ops, RenewalOutcome};
@@ -44,24 +45,8 @@ use crate::problem::{Problem, ProblemReporter};
 use crate::services::{LeaseInfo, RunningServices, SeparateServices, ServiceContext, ServiceError};
 use crate::store::{Record, Store, StoreError, Term};
 
-/// Key prefix of the service claims.
-pub const SERVICE_PREFIX: &str = "service/";
-/// Key prefix of the membership records.
-pub const MEMBER_PREFIX: &str = "member/";
-/// Key prefix of the records a joining host writes and deletes at once to wake the others.
-pub const ANNOUNCE_PREFIX: &str = "announce/";
 /// Renewal attempts per round before every claim is given up (as for a slot, SPEC §4).
 const RENEW_ATTEMPTS: u32 = 3;
-
-/// The claim key of the service `name`.
-pub fn service_key(name: &str) -> String {
-    format!("{SERVICE_PREFIX}{name}")
-}
-
-/// The membership key of `holder`.
-pub fn member_key(holder: &str) -> String {
-    format!("{MEMBER_PREFIX}{holder}")
-}
 
 /// How a host places services under spread placement.
 #[derive(Clone, Debug)]

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::config::{self, ConfigError, GrantConfig, Settings};
+use crate::config::{self, ConfigError, GrantConfig, OnFailure, Settings};
 
 /// Configuration of the Wasm runtime. `RuntimeConfig::new(dir)` gives the defaults.
 #[derive(Clone, Debug)]
@@ -37,7 +37,7 @@ pub struct RuntimeConfig {
     pub max_instances: u32,
     /// What each service may reach beyond its sandbox, by service name. Default: nothing.
     pub grants: HashMap<String, Grants>,
-    /// How failed services are restarted and when failures become a problem.
+    /// How failed services are restarted.
     pub restart: RestartPolicy,
     /// Limits on each service's key-value writes.
     pub kv: KvLimits,
@@ -73,6 +73,7 @@ impl RuntimeConfig {
         config.grace_period = settings.grace_period;
         config.memory_cap = memory_cap(settings.memory_limit);
         config.handle_limit = settings.handle_limit;
+        config.restart.max_backoff = settings.restart_backoff_max;
         for (name, grant) in &settings.grants {
             config.grants.insert(name.clone(), grants(name, grant)?);
         }
@@ -130,10 +131,13 @@ fn grants(name: &str, grant: &GrantConfig) -> Result<Grants, ConfigError> {
         dirs,
         env,
         network: grant.network,
+        restart_backoff_max: grant.restart_backoff_max,
+        on_failure: grant.on_failure,
     })
 }
 
-/// Ambient authority granted to one service. The default grants nothing.
+/// What the operator set for one service (`[service.NAME]`): the ambient authority granted to
+/// it, and how its failures are met. The default grants nothing and restarts it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Grants {
     /// Host directories the guest may open.
@@ -142,6 +146,10 @@ pub struct Grants {
     pub env: Vec<(String, String)>,
     /// Whether the guest may open TCP/UDP sockets and resolve names.
     pub network: bool,
+    /// The longest wait between its restarts, if not [`RestartPolicy::max_backoff`].
+    pub restart_backoff_max: Option<Duration>,
+    /// What a failure does besides the restart.
+    pub on_failure: OnFailure,
 }
 
 /// One host directory made visible to a guest.
@@ -155,27 +163,28 @@ pub struct DirGrant {
     pub read_only: bool,
 }
 
-/// Restarts with exponential backoff; too many failures in a window escalate to a problem.
+/// How a failed service is restarted (SPEC §6): after a wait that doubles with each failure in
+/// a row, from `initial_backoff` up to `max_backoff`, and starts over from `initial_backoff`
+/// once a run has lasted `reset_after` (the schedule is `restart::Backoff`'s). A failure never
+/// stops, restarts or delays another service, and never costs the host its lease.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RestartPolicy {
-    /// The wait before the first restart. Default 100 ms.
+    /// The wait before the first restart. Default [`config::RESTART_BACKOFF_INITIAL`].
     pub initial_backoff: Duration,
-    /// The longest wait between restarts; each failure doubles the wait up to this.
-    /// Default 10 s.
+    /// The longest wait between restarts, for services that set none of their own. Default
+    /// [`config::DEFAULT_RESTART_BACKOFF_MAX`] (`restart-backoff-max`).
     pub max_backoff: Duration,
-    /// This many failures within `window` report `Problem::Service`. Default 5.
-    pub max_failures: u32,
-    /// The window failures are counted in. Default 60 s.
-    pub window: Duration,
+    /// A run at least this long was clean: the next failure waits `initial_backoff` again.
+    /// Default [`config::RESTART_RESET_AFTER`].
+    pub reset_after: Duration,
 }
 
 impl Default for RestartPolicy {
     fn default() -> Self {
         Self {
-            initial_backoff: Duration::from_millis(100),
-            max_backoff: Duration::from_secs(10),
-            max_failures: 5,
-            window: Duration::from_mins(1),
+            initial_backoff: config::RESTART_BACKOFF_INITIAL,
+            max_backoff: config::DEFAULT_RESTART_BACKOFF_MAX,
+            reset_after: config::RESTART_RESET_AFTER,
         }
     }
 }
@@ -213,7 +222,7 @@ mod tests {
         GrantConfig {
             dirs: dirs.to_vec(),
             env: env.iter().map(|&e| e.to_owned()).collect(),
-            network: false,
+            ..GrantConfig::default()
         }
     }
 

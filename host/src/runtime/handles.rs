@@ -98,6 +98,7 @@ mod tests {
             },
             env: vec![("A".into(), "b".into())],
             network,
+            ..Grants::default()
         }
     }
 

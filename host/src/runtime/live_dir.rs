@@ -41,6 +41,7 @@ use super::component::{
 use super::engine::Runtime;
 use super::env::Host;
 use crate::clock::{Clock, SystemClock, Timestamp};
+use crate::ops::Ops;
 
 /// The loaded services by name: what a leader runs now.
 pub(crate) type Catalogue = BTreeMap<String, Arc<Loaded>>;
@@ -494,6 +495,7 @@ impl Follower {
                     self.catalogue.send_modify(|c| {
                         c.remove(name);
                     });
+                    Ops::global().service_removed(name);
                 }
                 return;
             }
@@ -547,6 +549,7 @@ impl Follower {
                         );
                     }
                 }
+                Ops::global().service_loaded(name);
                 self.catalogue.send_modify(|c| {
                     c.insert(name.to_owned(), Arc::new(loaded));
                 });

@@ -13,14 +13,16 @@
 //! - `host`: the linker, a fresh sandboxed store per instance, the `vvm:host` imports.
 //! - `output`: guest stdout/stderr as log lines.
 //! - `progress`: compile progress, a bar on a terminal or a log line per service.
-//! - `supervisor`: runs, restarts and stops one service.
+//! - `restart`: a failed service's backoff schedule, and its state as `status`, `/metrics` and
+//!   the log see it.
+//! - `supervisor`: runs, restarts and stops one service; hands the lease over where asked.
 //! - `live_dir`: the live services directory: a watcher keeping the catalogue of loaded
 //!   services in step with the directory's files.
 //! - `reconcile`: the running services of one leadership, following the catalogue.
 //! - `wasm_services`: [`WasmServices`], the [`crate::services::Services`] the lifecycle starts.
 //!
 //! Dependencies point one way, in this order (each uses only modules before it): `config`,
-//! `handles`, `stacks`, `engine`, `env`, `fence`, `output`, `host`, `component`, `supervisor`,
+//! `handles`, `stacks`, `engine`, `env`, `fence`, `output`, `host`, `component`, `restart`, `supervisor`,
 //! `live_dir`, `reconcile`, `wasm_services`.
 
 mod component;
@@ -34,6 +36,7 @@ mod live_dir;
 mod output;
 mod progress;
 mod reconcile;
+mod restart;
 mod stacks;
 mod supervisor;
 mod wasm_services;

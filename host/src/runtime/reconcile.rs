@@ -1,8 +1,9 @@
 //! The running services of one leadership follow the live catalogue (SPEC §6, "The services
 //! directory is live"): a service added to the catalogue is started, a replaced one is stopped
 //! (stop signal, grace period, drop) and its new version started under the same lease, a
-//! removed one is stopped. Which services run, and since when, goes to the lease's renewals
-//! for `vvm-host status` ([`crate::lease_value`]).
+//! removed one is stopped. Each supervisor says how its service is (running, backing off,
+//! stopped) in the leadership's report, which the lease's renewals write for `vvm-host
+//! status` ([`crate::lease_value`]); a service that is stopped here leaves the report.
 //!
 //! Every rule of the lifecycle still holds: services start only under the held lease (the
 //! supervisors wait while its deadline has passed), nothing starts once the stop is signalled
@@ -12,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::{oneshot, watch};
@@ -23,8 +24,8 @@ use super::component::Loaded;
 use super::engine::Runtime;
 use super::env::{ServiceEnv, WriteBudget};
 use super::live_dir::Catalogue;
+use super::restart::Tracker;
 use super::supervisor::{FirstStart, supervise};
-use crate::lease_value::RunningService;
 use crate::services::{RunningServices, ServiceContext};
 
 /// How long the guests of a start wait for every service's first instance before they begin
@@ -78,7 +79,6 @@ pub(crate) async fn start(
     // Every first instance exists (or the stop came, or the patience ran out): the guests
     // begin.
     reconciler.begin.cancel();
-    reconciler.report();
     tracing::info!(services = initial.len(), term, "services started");
     let follower = AbortOnDropHandle::new(tokio::spawn(reconciler.follow(catalogue)));
     Box::new(Running {
@@ -91,8 +91,6 @@ pub(crate) async fn start(
 /// One service's supervisor.
 struct Supervised {
     loaded: Arc<Loaded>,
-    /// When it was started, Unix seconds.
-    since: u64,
     stop: CancellationToken,
     task: AbortOnDropHandle<()>,
 }
@@ -147,15 +145,18 @@ impl Reconciler {
             begin: self.begin.clone(),
             pending: Arc::clone(&self.pending),
         };
-        let task = tokio::spawn(supervise(Arc::clone(&self.rt), Arc::clone(svc), env, first));
-        let since = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
+        let tracker = Tracker::new(ctx.running.clone(), &svc.name, &svc.version);
+        let task = tokio::spawn(supervise(
+            Arc::clone(&self.rt),
+            Arc::clone(svc),
+            env,
+            first,
+            tracker,
+        ));
         self.running.insert(
             svc.name.clone(),
             Supervised {
                 loaded: Arc::clone(svc),
-                since,
                 stop,
                 task: AbortOnDropHandle::new(task),
             },
@@ -196,6 +197,9 @@ impl Reconciler {
                 let _ = (&mut s.task).await;
             }
         }
+        for name in names {
+            self.ctx.running.remove(name);
+        }
     }
 
     /// Follows the catalogue until the stop, then stops every service.
@@ -217,7 +221,6 @@ impl Reconciler {
         }
         let all: Vec<String> = self.running.keys().cloned().collect();
         self.stop(&all).await;
-        self.report();
     }
 
     /// Stops what was replaced or removed, then starts what is new.
@@ -247,22 +250,6 @@ impl Reconciler {
                 drop(self.start(svc));
             }
         }
-        self.report();
-    }
-
-    /// Tells the lease's renewals which services run now.
-    fn report(&self) {
-        let running = self
-            .running
-            .values()
-            .filter(|s| !s.task.is_finished())
-            .map(|s| RunningService {
-                name: s.loaded.name.clone(),
-                version: s.loaded.version.clone(),
-                since: s.since,
-            })
-            .collect();
-        self.ctx.running.set(running);
     }
 }
 

@@ -1,11 +1,14 @@
-//! Supervision of one service (SPEC §6): run it, restart it with exponential backoff when it
-//! fails, escalate repeated failures to a VVM problem, and stop it (grace period, then drop).
+//! Supervision of one service (SPEC §6): run it, restart it on its own with backoff when it
+//! fails ([`super::restart`]), hand the slot over only where the operator asked for it
+//! (`on-failure = "hand-over"`), and stop it (grace period, then drop).
+//!
+//! A failure stays with its service: it never stops, restarts or delays another one, and
+//! never costs the host its lease, since a guest's failure is the same on every host.
 
-use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -19,6 +22,10 @@ use super::engine::Runtime;
 use super::env::ServiceEnv;
 use super::fence::Fenced;
 use super::host::new_store;
+use super::restart::{Backoff, Tracker};
+use crate::config::{HAND_OVER_MEMORY, OnFailure};
+use crate::keys::hand_over_key;
+use crate::lease_value;
 use crate::ops::Ops;
 use crate::problem::Problem;
 
@@ -53,19 +60,22 @@ pub(crate) struct FirstStart {
     pub pending: Arc<AtomicUsize>,
 }
 
-/// Runs `svc` until it returns, is stopped, or fails too often. `first` hears when the first
-/// instance is created and says when its guest may begin; restarts do not wait.
+/// Runs `svc` until it returns, is stopped, or is handed over; restarts it with backoff
+/// whenever it fails, and keeps `tracker` (its state for `status`, `/metrics` and the log)
+/// up to date. `first` hears when the first instance is created and says when its guest may
+/// begin; restarts do not wait.
 pub(crate) async fn supervise(
     rt: Arc<Runtime>,
     svc: Arc<Loaded>,
     env: Arc<ServiceEnv>,
     first: FirstStart,
+    mut tracker: Tracker,
 ) {
     let service = &*env.name;
     let policy = &rt.config.restart;
     let mut started = Some(first);
-    let mut failures: VecDeque<Instant> = VecDeque::new();
-    let mut backoff = policy.initial_backoff;
+    let mut backoff = Backoff::new(policy);
+    let mut restart = false;
     while !env.stopping.is_cancelled() {
         if env.deadline.has_passed() {
             // Not leading (for now): wait for a renewal or the stop, without counting.
@@ -75,9 +85,14 @@ pub(crate) async fn supervise(
             }
             continue;
         }
+        if std::mem::take(&mut restart) {
+            tracker.restarting();
+        }
+        let run_started = Instant::now();
         match run_once(&rt, &svc, &env, &mut started).await {
             Outcome::Returned => {
                 tracing::info!(service, "service returned; not restarted");
+                tracker.stopped(Some("returned"));
                 break;
             }
             Outcome::Stopped => break,
@@ -86,39 +101,90 @@ pub(crate) async fn supervise(
             }
             Outcome::Failed(reason) => {
                 Ops::global().service_failed(service);
-                let now = Instant::now();
-                while failures
-                    .front()
-                    .is_some_and(|t| now.duration_since(*t) >= policy.window)
+                let grants = rt.grants();
+                let grant = grants.get(service);
+                if grant.is_some_and(|g| g.on_failure == OnFailure::HandOver)
+                    && hand_over(&env, &reason, tracker.restarts()).await
                 {
-                    failures.pop_front();
-                }
-                if failures.is_empty() {
-                    backoff = policy.initial_backoff;
-                }
-                failures.push_back(now);
-                let count = failures.len();
-                if u32::try_from(count).unwrap_or(u32::MAX) >= policy.max_failures {
-                    tracing::error!(service, count, %reason, "service failed too often");
-                    env.problems.report(Problem::Service {
-                        name: service.to_owned(),
-                        reason: format!(
-                            "failed {count} times within {:?}; last: {reason}",
-                            policy.window
-                        ),
-                    });
+                    tracker.stopped(Some(&reason));
                     break;
                 }
-                tracing::warn!(service, count, ?backoff, %reason, "service failed; restarting");
-                Ops::global().service_restarted(service);
-                if !pause(&env, backoff).await {
+                let max = grant
+                    .and_then(|g| g.restart_backoff_max)
+                    .unwrap_or(policy.max_backoff);
+                let wait = backoff.failed(run_started.elapsed(), max);
+                tracker.backing_off(&reason, wait);
+                if !pause(&env, wait).await {
                     break;
                 }
-                backoff = backoff.saturating_mul(2).min(policy.max_backoff);
+                restart = true;
             }
         }
     }
+    tracker.stopped(None);
     tracing::debug!(service, "supervisor ended");
+}
+
+/// Hands the lease over after the service failed for `reason` (`on-failure = "hand-over"`),
+/// unless it was handed over already within [`HAND_OVER_MEMORY`] (by any host): the record
+/// of the hand-over (service, holder, term, time) is written first, in one
+/// insert-if-absent, so that of two hosts the failure follows, one moves the slot and the
+/// other keeps the service in backoff. Returns whether it was handed over.
+async fn hand_over(env: &ServiceEnv, reason: &str, restarts: u32) -> bool {
+    let service = &*env.name;
+    if env.deadline.has_passed() {
+        return false;
+    }
+    let key = hand_over_key(service);
+    let at = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let record = serde_json::json!({
+        "service": service,
+        "holder": env.lease.holder,
+        "term": env.lease.term,
+        "at": at,
+        "reason": lease_value::cut(reason),
+    })
+    .to_string();
+    match env
+        .store
+        .insert_if_absent(&key, &record, HAND_OVER_MEMORY)
+        .await
+    {
+        Ok(Some(_)) => {
+            tracing::warn!(
+                service,
+                restarts,
+                term = env.lease.term,
+                lease = env.lease.key,
+                "service failed; handing the lease over (on-failure = hand-over)"
+            );
+            env.problems.report(Problem::Service {
+                name: service.to_owned(),
+                reason: format!(
+                    "handed over (on-failure = hand-over) after: {}",
+                    lease_value::cut(reason)
+                ),
+            });
+            true
+        }
+        Ok(None) => {
+            let before = env.store.get(&key).await.ok().flatten();
+            let before = before.as_ref().map_or("", |r| r.value.as_str());
+            tracing::warn!(
+                service,
+                handed_over = before,
+                "service failed again after a hand-over; kept here in backoff"
+            );
+            false
+        }
+        Err(e) => {
+            tracing::warn!(service, error = %e,
+                "the hand-over cannot be recorded; kept here in backoff");
+            false
+        }
+    }
 }
 
 /// Sleeps `d` unless the service is told to stop first; returns false if it was.
@@ -292,6 +358,7 @@ mod tests {
     use testkit::{guests, logs};
 
     use super::*;
+    use crate::lease_value::RunningReport;
     use crate::runtime::component::{Compiler, LoadStats};
     use crate::runtime::env::tests::env;
     use crate::runtime::{RuntimeConfig, engine, host};
@@ -338,7 +405,8 @@ mod tests {
             begin: begin.clone(),
             pending: Arc::new(AtomicUsize::new(pending)),
         };
-        let task = tokio::spawn(supervise(rt, svc, Arc::clone(&env), first));
+        let tracker = Tracker::new(RunningReport::detached(), name, "v");
+        let task = tokio::spawn(supervise(rt, svc, Arc::clone(&env), first, tracker));
         (task, env, begin, was_created)
     }
 

@@ -83,6 +83,7 @@ impl WasmServices {
                     let compiled = compiler.stats.compiled > compiled_before;
                     let duration_ms = step.elapsed_ms();
                     progress.suspend(|| tracing::info!(service = %loaded.name, world = %loaded.kind(), compiled, duration_ms, "service loaded"));
+                    crate::ops::Ops::global().service_loaded(&loaded.name);
                     services.insert(loaded.name.clone(), Arc::new(loaded));
                 }
                 Err(e) => {

@@ -9,7 +9,7 @@ use tokio::time::{Instant, advance, sleep};
 use vvm_host::clock::{SystemClock, Timestamp, TokioClock};
 use vvm_host::elections::{ElectionError, Elections, valid_until};
 use vvm_host::killer::{KILLER_EXIT_CODE, Killer};
-use vvm_host::lease_value::{self, RunningService};
+use vvm_host::lease_value::{self, ServiceStatus};
 use vvm_host::store::{MemStore, TtlStore};
 use vvm_host::vvm::holder_value;
 
@@ -700,12 +700,8 @@ async fn cleanup_deletes_a_record_whose_insert_failed_but_was_applied() {
     );
 }
 
-fn running(name: &str, since: u64) -> Vec<RunningService> {
-    vec![RunningService {
-        name: name.into(),
-        version: "0123456789ab".into(),
-        since,
-    }]
+fn running(name: &str, since: u64) -> Vec<ServiceStatus> {
+    vec![ServiceStatus::running(name, "0123456789ab", since)]
 }
 
 /// The running services ride along with the renewal (no extra write), readable by status; a

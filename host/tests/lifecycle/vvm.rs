@@ -414,7 +414,7 @@ async fn a_campaign_that_wins_at_once_leaves_no_candidacy_behind() {
     h.store.delay_candidacies(L / 20);
     leading(&h).await;
     sleep(L).await;
-    let candidacy = format!("{}a", vvm_host::vvm::CANDIDATE_PREFIX);
+    let candidacy = format!("{}a", vvm_host::keys::CANDIDATE_PREFIX);
     assert_eq!(mem.get(&candidacy).await.unwrap(), None, "left standing");
     assert_eq!(shut(h.vvm).await, None);
 }
@@ -435,7 +435,7 @@ async fn the_release_reads_ahead_while_the_services_stop_and_never_waits_for_tha
         leading(&h).await;
         settle().await;
         if stalled {
-            h.store.stall_key(vvm_host::vvm::CANDIDATE_PREFIX);
+            h.store.stall_key(vvm_host::keys::CANDIDATE_PREFIX);
         }
         let t = Instant::now();
         let shut_down = tokio::time::timeout(L * 10, shut(h.vvm)).await;

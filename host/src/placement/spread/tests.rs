@@ -10,8 +10,9 @@ use async_trait::async_trait;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::{MEMBER_PREFIX, SERVICE_PREFIX, Spread, SpreadConfig};
+use super::{Spread, SpreadConfig};
 use crate::clock::{Clock, TokioClock};
+use crate::keys::{MEMBER_PREFIX, SERVICE_PREFIX};
 use crate::killer::Killer;
 use crate::services::{RunningServices, SeparateServices, ServiceContext, ServiceError};
 use crate::store::{MemStore, TtlStore};

@@ -8,10 +8,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::{Instant, sleep};
 use vvm_host::clock::TokioClock;
+use vvm_host::keys::CANDIDATE_PREFIX;
 use vvm_host::store::{
     Candidates, Fence, FencedKv, HandOver, MemStore, Record, StoreError, Term, TtlStore,
 };
-use vvm_host::vvm::CANDIDATE_PREFIX;
 
 use super::journal::{Event, Journal};
 

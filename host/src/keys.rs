@@ -1,0 +1,51 @@
+//! The store's key layout (SPEC §3, §5, §6): every record vvm-host writes, by prefix. One
+//! home, so that no two concepts can pick the same prefix and `status` reads what the hosts
+//! write.
+//!
+//! ```text
+//! slot/N            a slot's lease (together placement)         value: lease_value
+//! candidate/HOLDER  a standby waiting for a slot (hand_over)    value: holder
+//! service/NAME      a service's claim (spread placement)        value: holder
+//! member/HOLDER     a spread member                             value: holder
+//! announce/HOLDER   a joining spread member's wake-up           value: holder
+//! handover/NAME     a service handed to another host            value: JSON (runtime)
+//! kv space          guests' key-value records, in their own table or range
+//! ```
+
+/// The prefix of the slots' lease records.
+pub const SLOT_PREFIX: &str = "slot/";
+
+/// The prefix of the records of hosts waiting for a slot, to which a releasing leader hands
+/// its slot in the same write ([`crate::store::TtlStore::hand_over`]).
+pub const CANDIDATE_PREFIX: &str = "candidate/";
+
+/// Key prefix of the service claims (spread placement).
+pub const SERVICE_PREFIX: &str = "service/";
+/// Key prefix of the membership records (spread placement).
+pub const MEMBER_PREFIX: &str = "member/";
+/// Key prefix of the records a joining host writes and deletes at once to wake the others.
+pub const ANNOUNCE_PREFIX: &str = "announce/";
+/// Key prefix of the records of services handed to another host after a failure
+/// (`on-failure = "hand-over"`), so that a failure that follows the service does not move
+/// the slot again.
+pub const HAND_OVER_PREFIX: &str = "handover/";
+
+/// The store key of slot `slot`.
+pub fn slot_key(slot: u32) -> String {
+    format!("{SLOT_PREFIX}{slot}")
+}
+
+/// The claim key of the service `name`.
+pub fn service_key(name: &str) -> String {
+    format!("{SERVICE_PREFIX}{name}")
+}
+
+/// The membership key of `holder`.
+pub fn member_key(holder: &str) -> String {
+    format!("{MEMBER_PREFIX}{holder}")
+}
+
+/// The hand-over record of the service `name`.
+pub fn hand_over_key(name: &str) -> String {
+    format!("{HAND_OVER_PREFIX}{name}")
+}
