@@ -964,3 +964,24 @@ async fn a_guest_spinning_while_instantiated_holds_up_neither_start_nor_stop() {
         "no grace period for a guest still being instantiated"
     );
 }
+
+/// Issue 28: a loaded service has every per-service series at 0 from its load (before any
+/// leadership), so `increase()` sees its first restart.
+#[test]
+fn a_loaded_service_has_its_series_at_zero() {
+    let (_dir, config) = setup(&[("rust-ticker", "zero-series")]);
+    let (_services, _) = WasmServices::load(config).unwrap();
+    let text = vvm_host::ops::Ops::global().render();
+    for line in [
+        "vvm_service_restarts_total{service=\"zero-series\"} 0",
+        "vvm_service_failures_total{service=\"zero-series\"} 0",
+        "vvm_guest_effects_refused_total{service=\"zero-series\"} 0",
+        "vvm_kv_writes_total{service=\"zero-series\",outcome=\"stale\"} 0",
+        "vvm_service_state{service=\"zero-series\",state=\"stopped\"} 1",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "{line} missing in:\n{text}"
+        );
+    }
+}

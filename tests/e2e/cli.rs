@@ -357,9 +357,14 @@ fn after_a_problem_the_host_shuts_down_and_campaigns_again() {
         dir.path().join("services/trapper.wasm"),
     )
     .unwrap();
+    std::fs::write(
+        dir.path().join("vvm.toml"),
+        "[service.trapper]\non-failure = \"hand-over\"\n",
+    )
+    .unwrap();
     let mut host = serve("a", dir.path(), "20s");
     let (first, _) = host.wait_for_from(0, &["leading"]);
-    // The trapping guest fails until its restarts escalate to a problem.
+    // The trapping guest's failure hands the lease over: a problem.
     let (problem, _) = host.wait_for_from(first, &["shutting down, then standing by"]);
     let (again, line) = host.wait_for_from(problem, &["leading"]);
     assert!(again > problem);

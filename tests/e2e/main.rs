@@ -9,6 +9,7 @@
 mod cli;
 mod etcd;
 mod fencing;
+mod isolation;
 mod languages;
 mod live_dir;
 mod netns;
@@ -333,8 +334,9 @@ fn bad_configuration_is_one_clear_line_and_a_non_zero_exit() {
     }
 }
 
-/// A service that fails only on host A (a local problem): A shuts down and backs off before
-/// campaigning again, so the healthy standby B takes the slot, and keeps it: no flapping.
+/// A service that fails only on host A (a local problem, and the operator said so with
+/// `on-failure = "hand-over"`): A shuts down and backs off before campaigning again, so the
+/// healthy standby B takes the slot, and keeps it: no flapping.
 #[test]
 fn a_service_failing_on_one_host_hands_the_slot_to_a_healthy_standby_for_good() {
     let dir = cluster_dir();
@@ -346,8 +348,15 @@ fn a_service_failing_on_one_host_hands_the_slot_to_a_healthy_standby_for_good() 
     )
     .unwrap();
     std::fs::copy(guests::guest("test/trap"), a_services.join("trap.wasm")).unwrap();
+    std::fs::write(
+        dir.path().join("a.toml"),
+        "[service.trap]\non-failure = \"hand-over\"\n",
+    )
+    .unwrap();
     let args = [
         "serve",
+        "--config",
+        "a.toml",
         "--services",
         "services-a",
         "--lease",
@@ -361,7 +370,7 @@ fn a_service_failing_on_one_host_hands_the_slot_to_a_healthy_standby_for_good() 
     a.wait_for(&["leading"]);
     let mut b = serve("b", dir.path(), "1s");
     b.wait_for(&["campaigning"]);
-    let problem = a.wait_for(&["failed too often"]);
+    let problem = a.wait_for(&["handing the lease over"]);
     let b_leads = b.wait_for(&["leading"]);
     assert!(
         stamp(&b_leads) > stamp(&problem),
