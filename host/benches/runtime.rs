@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use testkit::guests;
 use tokio_util::sync::CancellationToken;
 use vvm_host::clock::{Clock, ManualClock, SystemClock};
-use vvm_host::elections::LeaseDeadline;
+use vvm_host::lease::LeaseDeadline;
 use vvm_host::problem::ProblemReporter;
 use vvm_host::runtime::{RuntimeConfig, WasmServices};
 use vvm_host::services::{LeaseInfo, ServiceContext, Services};

@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::fs::{FileError, MAX_SETTINGS_FILE_BYTES, read_file};
+
 /// The configuration file read when `--config` is not given and the file exists.
 pub const DEFAULT_CONFIG_FILE: &str = "vvm.toml";
 
@@ -81,7 +83,7 @@ pub struct FileConfig {
     /// where it is worth setting when several hosts share a machine.
     pub lock_dir: Option<PathBuf>,
     /// How services are placed on the hosts: `together` (default) or `spread`.
-    pub placement: Option<crate::placement::Placement>,
+    pub placement: Option<Placement>,
     /// The longest wait between restarts of a failing service, e.g. `"5m"`.
     #[serde(default, with = "opt_duration")]
     pub restart_backoff_max: Option<Duration>,
@@ -130,6 +132,27 @@ pub struct GrantConfig {
     /// What a failure of this service does beyond its restart. Default: nothing.
     #[serde(default)]
     pub on_failure: OnFailure,
+}
+
+/// How services are placed on the hosts of a group.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Placement {
+    /// A leader on a slot runs every service; the other hosts stand by.
+    #[default]
+    Together,
+    /// Each service is claimed on its own (`service/<name>`); hosts keep a membership record
+    /// and claim their fair share, so the services spread over every host.
+    Spread,
+}
+
+impl std::fmt::Display for Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Together => "together",
+            Self::Spread => "spread",
+        })
+    }
 }
 
 /// What a service's failure does besides restarting it (SPEC §6).
@@ -292,71 +315,6 @@ pub const MIN_HANDLE_LIMIT: u32 = 16;
 pub const MAX_HANDLE_LIMIT: u32 = 100_000;
 /// The largest cluster size: every standby tries every slot each round.
 pub const MAX_CLUSTER_SIZE: u32 = 1024;
-/// The largest configuration file or PEM file (CA, certificate, key) read: far more than any
-/// real one, and a mistaken path (`/dev/zero`, a disk image) is refused rather than read.
-pub const MAX_SETTINGS_FILE_BYTES: u64 = 1 << 20;
-
-/// Why a file an operator named could not be read ([`read_file`]).
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum FileError {
-    /// Opening or reading failed.
-    #[error(transparent)]
-    Io(#[from] std::io::Error),
-    /// A FIFO, a device or a socket: never read, as it might never end or never answer.
-    #[error("not a regular file")]
-    NotAFile,
-    /// Larger than its kind of file is let be.
-    #[error("too large: {size} bytes; at most {max}")]
-    TooLarge {
-        /// The file's size (or what was read of it).
-        size: u64,
-        /// The bound.
-        max: u64,
-    },
-}
-
-impl FileError {
-    /// Whether the file does not exist.
-    pub fn is_not_found(&self) -> bool {
-        matches!(self, Self::Io(e) if e.kind() == std::io::ErrorKind::NotFound)
-    }
-}
-
-/// The bytes of the regular file `path`, of at most `max` bytes. Opened without blocking, so
-/// a FIFO in its place is refused rather than waited on; a larger file is refused by its
-/// size, unread.
-///
-/// # Errors
-/// As [`FileError`] says.
-pub fn read_file(path: &Path, max: u64) -> Result<Vec<u8>, FileError> {
-    use std::io::Read as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits().cast_signed())
-        .open(path)?;
-    let meta = file.metadata()?;
-    if !meta.is_file() {
-        return Err(FileError::NotAFile);
-    }
-    if meta.len() > max {
-        return Err(FileError::TooLarge {
-            size: meta.len(),
-            max,
-        });
-    }
-    let mut bytes = Vec::new();
-    // One byte more than the bound tells a file that grew past it while being read.
-    file.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
-    let size = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
-    if size > max {
-        return Err(FileError::TooLarge { size, max });
-    }
-    Ok(bytes)
-}
-
 /// Settings after flags, environment, file and defaults are merged, and validated.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -387,12 +345,34 @@ pub struct Settings {
     /// Directory of the crash locks, if there is one.
     pub lock_dir: Option<PathBuf>,
     /// How services are placed on the hosts.
-    pub placement: crate::placement::Placement,
+    pub placement: Placement,
     /// The longest wait between restarts of a failing service (per service: its grant).
     pub restart_backoff_max: Duration,
 }
 
 impl Settings {
+    /// What the store needs of these settings ([`crate::store::open`]).
+    pub fn store_settings(&self) -> crate::store::StoreSettings {
+        let etcd = &self.etcd;
+        let tls = (etcd.ca.is_some() || etcd.cert.is_some() || etcd.key.is_some()).then(|| {
+            crate::store::EtcdTls {
+                ca: etcd.ca.clone(),
+                cert: etcd.cert.clone(),
+                key: etcd.key.clone(),
+            }
+        });
+        crate::store::StoreSettings {
+            location: self.store.clone(),
+            user: etcd.user.clone(),
+            password: etcd.password.clone(),
+            tls,
+            prefix: etcd.prefix.clone(),
+            // Lock waits bounded well inside the renewal's retries (SPEC §8).
+            lock_patience: crate::lease::attempt_patience(self.lease)
+                .clamp(Duration::from_millis(10), Duration::from_secs(2)),
+        }
+    }
+
     /// Merges `flags` (flags and environment; its `service` grants are ignored: grants are
     /// set in the file only) over the configuration file over the defaults, and validates the
     /// result. The file is `config_file`, which must exist, or else [`DEFAULT_CONFIG_FILE`]
@@ -690,6 +670,18 @@ env = ["A=1"]
         assert!(FileConfig::load(&path, false).unwrap().store.is_none());
         let err = FileConfig::load(&path, true).unwrap_err().to_string();
         assert!(err.contains("absent.toml"), "{err}");
+    }
+
+    #[test]
+    fn placement_names_parse_from_the_file() {
+        #[derive(serde::Deserialize)]
+        struct File {
+            placement: Placement,
+        }
+        let f: File = toml::from_str("placement = \"spread\"").unwrap();
+        assert_eq!(f.placement, Placement::Spread);
+        assert!(toml::from_str::<File>("placement = \"apart\"").is_err());
+        assert_eq!(Placement::default().to_string(), "together");
     }
 
     fn bounded(lease: Duration) -> Bounded {

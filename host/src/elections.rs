@@ -1,4 +1,5 @@
-//! Elections (SPEC §4): acquire, renew and release leases; the local lease deadline.
+//! Elections (SPEC §4): acquire, renew and release leases. The local lease deadline they
+//! move, and the tempo of `L`, are [`crate::lease`]'s.
 //!
 //! **[departs]** SPEC §4's `release` is a compare-and-delete, after which the next holder
 //! inserts: two durable writes between a leader's stop and its successor's start. Here a
@@ -15,7 +16,6 @@
 //! that only pace the work (the renewal tick, retries) sleep on tokio's clock.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -26,86 +26,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::{Clock, Timestamp};
 use crate::killer::Killer;
+use crate::lease::{
+    LeaseDeadline, RENEW_ATTEMPTS, attempt_patience, release_patience, renew_every, retry_pause,
+    valid_until,
+};
 use crate::lease_value::{self, RunningReport, ServiceStatus};
 use crate::ops::{Ops, RenewalOutcome};
 use crate::store::{Candidates, HandOver, Record, Store, StoreError, Term};
-
-/// Renew every `L / RENEW_DIVISOR`.
-const RENEW_DIVISOR: u32 = 4;
-/// Between failed renewal attempts wait `L / RETRY_DIVISOR` ([`retry_pause`]).
-const RETRY_DIVISOR: u32 = 20;
-/// Renewal attempts per tick before the lease is given up.
-const CAS_ATTEMPTS: u32 = 3;
-/// One renewal attempt waits at most `L / ATTEMPT_DIVISOR` for the store.
-const ATTEMPT_DIVISOR: u32 = 10;
-/// A release waits at most `L / RELEASE_DIVISOR` for the store to delete the record: past that
-/// the record expires on its own, and a stalled store must not hang the shutdown sequence.
-const RELEASE_DIVISOR: u32 = 4;
-
-/// The pause between failed store calls of a lease `lease` long, for renewal and campaign
-/// alike: `L/20`, so a renewal tick has room for its attempts.
-pub(crate) fn retry_pause(lease: Duration) -> Duration {
-    lease / RETRY_DIVISOR
-}
-
-/// The local lease deadline for a write that started at `start`: `start + 0.8·L`.
-pub fn valid_until(start: Timestamp, lease: Duration) -> Timestamp {
-    start.after(lease.mul_f64(0.8))
-}
-
-/// The local lease deadline (*valid-until*): the start of the last successful write plus
-/// 0.8·L, or the moment the lease was known lost. Past it no guest output or host call may
-/// take effect (SPEC §4, §6). Read on a [`Clock`] that counts suspend. Cheap to clone.
-#[derive(Clone)]
-pub struct LeaseDeadline {
-    until: watch::Receiver<Timestamp>,
-    clock: Arc<dyn Clock>,
-}
-
-impl fmt::Debug for LeaseDeadline {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LeaseDeadline")
-            .field("until", &self.get())
-            .field("left", &self.time_left())
-            .finish()
-    }
-}
-
-impl LeaseDeadline {
-    /// A deadline on `clock` that never moves, for tests and tools.
-    pub fn fixed(clock: Arc<dyn Clock>, at: Timestamp) -> Self {
-        Self::manual(clock, at).1
-    }
-
-    /// A deadline on `clock` moved by the returned sender.
-    pub fn manual(clock: Arc<dyn Clock>, at: Timestamp) -> (watch::Sender<Timestamp>, Self) {
-        let (tx, until) = watch::channel(at);
-        (tx, Self { until, clock })
-    }
-
-    /// A deadline on `clock` that follows `tx` (spread placement keeps one per claim).
-    pub fn from_sender(clock: Arc<dyn Clock>, tx: &watch::Sender<Timestamp>) -> Self {
-        Self {
-            until: tx.subscribe(),
-            clock,
-        }
-    }
-
-    /// The moment the lease stops being valid locally.
-    pub fn get(&self) -> Timestamp {
-        *self.until.borrow()
-    }
-
-    /// Time left until the deadline, or `None` once it has been reached (inclusive).
-    pub fn time_left(&self) -> Option<Duration> {
-        self.get().left_from(self.clock.now())
-    }
-
-    /// True once the deadline has been reached (inclusive).
-    pub fn has_passed(&self) -> bool {
-        self.time_left().is_none()
-    }
-}
 
 /// Why an acquisition failed.
 #[derive(Debug, thiserror::Error)]
@@ -430,7 +357,7 @@ impl Elections {
             // Not cut short by the stop: a write dropped mid-way could land after the delete
             // below and leave the candidacy standing for a campaign that is over. It is
             // bounded by its timeout.
-            match tokio::time::timeout(lease / ATTEMPT_DIVISOR, write).await {
+            match tokio::time::timeout(attempt_patience(lease), write).await {
                 Ok(Ok(true)) => written = true,
                 Ok(Ok(false)) => written = false,
                 Ok(Err(e)) => {
@@ -443,14 +370,14 @@ impl Elections {
             }
             tokio::select! {
                 () = stop.cancelled() => break,
-                () = sleep(ttl / RENEW_DIVISOR) => {}
+                () = sleep(renew_every(ttl)) => {}
             }
         }
         // A write that timed out may still land after this delete; the record then expires
         // (on redb only after CANDIDACY_TTL), and no host of this process hands it a slot
         // meanwhile (`vvm::can_take_over`).
         let withdraw = self.store.compare_and_delete(&key, &holder);
-        if let Ok(Err(e)) = tokio::time::timeout(lease / RELEASE_DIVISOR, withdraw).await {
+        if let Ok(Err(e)) = tokio::time::timeout(release_patience(lease), withdraw).await {
             tracing::debug!(key, error = %e, "withdrawing the candidacy failed; it will expire");
         }
     }
@@ -498,7 +425,7 @@ impl Elections {
         }
         // An abandoned insert may still be running in the store: its delete must come after.
         if let Some(lease) = abandoned.iter().map(|(_, (_, lease))| *lease).max() {
-            self.store.settle(lease / RELEASE_DIVISOR).await;
+            self.store.settle(release_patience(lease)).await;
         }
         for (key, (value, lease)) in abandoned {
             self.delete_bounded(&key, &value, lease).await;
@@ -529,7 +456,7 @@ impl Elections {
                 )),
             }
         };
-        match tokio::time::timeout(lease / RELEASE_DIVISOR, release).await {
+        match tokio::time::timeout(release_patience(lease), release).await {
             Ok(Ok(HandOver::To { to, term })) => {
                 let to = lease_value::holder(&to);
                 tracing::info!(key, deleted = true, to, term, "released");
@@ -574,7 +501,7 @@ impl Elections {
 
     /// The renewal loop of one lease (SPEC §4).
     async fn renew(self: Arc<Self>, mut r: Renewal) {
-        let interval = r.lease / RENEW_DIVISOR;
+        let interval = renew_every(r.lease);
         let retry = retry_pause(r.lease);
         loop {
             let next = r.last_start.after(interval);
@@ -589,7 +516,7 @@ impl Elections {
                 let cas_start = self.clock.now();
                 Ops::global()
                     .health()
-                    .step_due_in(r.lease / ATTEMPT_DIVISOR, r.lease);
+                    .step_due_in(attempt_patience(r.lease), r.lease);
                 // Each attempt waits at most L/10: three of them end (lost, at worst) well
                 // before the killer's 0.8·L. A write given up on may still land; only an answer
                 // moves the deadline.
@@ -602,7 +529,7 @@ impl Elections {
                     // Written from now on, answered or not: a release must try it too.
                     held.values.push(new.clone());
                 }
-                let cas = tokio::time::timeout(r.lease / ATTEMPT_DIVISOR, self.swap_ours(&r, &new));
+                let cas = tokio::time::timeout(attempt_patience(r.lease), self.swap_ours(&r, &new));
                 let outcome = tokio::select! {
                     () = r.stop.cancelled() => return,
                     outcome = cas => outcome.unwrap_or_else(|_| Err(StoreError::transient(
@@ -642,7 +569,7 @@ impl Elections {
                         tracing::warn!(key = r.key, "lost: the record changed or expired");
                         return self.give_up(&r);
                     }
-                    Err(e) if attempt < CAS_ATTEMPTS => {
+                    Err(e) if attempt < RENEW_ATTEMPTS => {
                         tracing::warn!(key = r.key, attempt, error = %e, "renewal failed, retrying");
                         attempt += 1;
                         Ops::global().health().step_due_in(retry, r.lease);

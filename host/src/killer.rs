@@ -38,6 +38,9 @@ pub type KillAction = Arc<dyn Fn(Duration) + Send + Sync>;
 pub struct Killer {
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Told `true` at each arming and `false` at the disarming (the `vvm_killer_armed`
+    /// gauge): the caller's, so that the watchdog depends on nothing above it.
+    report: Option<Arc<dyn Fn(bool) + Send + Sync>>,
 }
 
 struct Shared {
@@ -96,7 +99,15 @@ impl Killer {
                 action,
             }),
             thread: Mutex::new(None),
+            report: None,
         }
+    }
+
+    /// This killer, telling `report` whether it is armed at each arming and disarming.
+    #[must_use]
+    pub fn reporting(mut self, report: impl Fn(bool) + Send + Sync + 'static) -> Self {
+        self.report = Some(Arc::new(report));
+        self
     }
 
     /// A disarmed killer on `clock` that only counts how often it fired: for tests that watch
@@ -124,7 +135,9 @@ impl Killer {
             was_armed
         };
         self.shared.wake.notify_all();
-        crate::ops::Ops::global().killer_armed(true);
+        if let Some(report) = &self.report {
+            report(true);
+        }
         self.start_thread();
         // Logged last: a stalled log pipe may block this call, but not the armed killer.
         if !was_armed {
@@ -179,7 +192,9 @@ impl Killer {
             state.deadline.take().is_some()
         };
         self.shared.wake.notify_all();
-        crate::ops::Ops::global().killer_armed(false);
+        if let Some(report) = &self.report {
+            report(false);
+        }
         let thread = self
             .thread
             .lock()

@@ -2,31 +2,49 @@
 //!
 //! The crate is laid out one module per concept of the specification:
 //!
-//! - [`clock`]: `CLOCK_BOOTTIME` readings for store expiry and the local lease deadline.
-//! - [`store`]: the TTL store contract and its backends (memory, redb, etcd).
-//! - [`keys`]: the store's key layout: every record vvm-host writes, by prefix.
-//! - [`killer`]: the watchdog thread that ends the process if renewal stalls.
-//! - [`log_output`]: stderr written without ever waiting for its reader.
-//! - [`elections`]: acquire, renew and release leases; the local lease deadline.
-//! - [`lease_value`]: a lease record's value: the holder and the services running under it.
-//! - [`problem`]: the problem signal: a running VVM's first fatal error, reported once.
-//! - [`services`]: what the lifecycle starts once a slot is held (the seam to the runtime).
-//! - [`holder_lock`]: the crash lock: a standby learns from the kernel that a holder is gone.
-//! - [`vvm`]: the lifecycle: provide, launch, leadership monitor, ordered shutdown.
-//! - [`placement`]: which host runs which service: together on a slot, or spread by claims.
-//! - [`runtime`]: the wasmtime host: components, sandboxes, fencing, supervision.
-//! - [`serve`]: the serve loop: lead, stand by, campaign again after a problem, until stopped.
-//! - [`ops`]: metrics, liveness and the operations endpoint (`/healthz`, `/leader`, `/metrics`).
-//! - [`config`]: every default and bound, and the resolution of the settings.
 //! - [`cli`]: the clap types and dispatch of `vvm-host serve`, `status` and `check`.
+//! - [`serve`]: the serve loop: lead, stand by, campaign again after a problem, until stopped.
+//! - [`placement`]: which host runs which service: together on a slot, or spread by claims.
+//! - [`vvm`]: the lifecycle: provide, launch, leadership monitor, ordered shutdown.
+//! - [`runtime`]: the wasmtime host: components, sandboxes, fencing, supervision.
+//! - [`services`]: what the lifecycle starts once a slot is held (the seam to the runtime).
+//! - [`elections`]: acquire, renew and release leases.
+//! - [`problem`]: the problem signal: a running VVM's first fatal error, reported once.
+//! - [`config`]: every default and bound, and the resolution of the settings.
+//! - [`ops`]: metrics, liveness and the operations endpoint (`/healthz`, `/leader`, `/metrics`).
+//! - [`killer`]: the watchdog thread that ends the process if renewal stalls.
+//! - [`holder_lock`]: the crash lock: a standby learns from the kernel that a holder is gone.
+//! - [`store`]: the TTL store contract and its backends (memory, redb, etcd).
+//! - [`lease`]: the local lease deadline, and the tempo of `L` (renew, attempt, retry, release).
+//! - [`lease_value`]: a lease record's value: the holder and the services under the lease.
+//! - [`keys`]: the store's key layout: every record vvm-host writes, by prefix.
+//! - [`log_output`]: stderr written without ever waiting for its reader; one-line errors.
+//! - [`fs`]: reading a file an operator named: regular, unblocking, bounded.
+//! - [`clock`]: `CLOCK_BOOTTIME` readings for store expiry and the local lease deadline.
+//!
+//! Layers, top first: a module uses only modules of the layers below its own, never one of
+//! its own layer or above (`tests/structure.rs` checks it, and that no files import each
+//! other in a circle). `runtime/mod.rs` orders the runtime's own files the same way.
+//! 1. `cli`
+//! 2. `serve`
+//! 3. `placement`
+//! 4. `vvm`, `runtime`
+//! 5. `services`, `elections`
+//! 6. `problem`, `config`
+//! 7. `ops`, `killer`, `holder_lock`
+//! 8. `store`
+//! 9. `lease`, `lease_value`, `keys`, `log_output`, `fs`
+//! 10. `clock`
 
 pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod elections;
+pub mod fs;
 pub mod holder_lock;
 pub mod keys;
 pub mod killer;
+pub mod lease;
 pub mod lease_value;
 pub mod log_output;
 pub mod ops;

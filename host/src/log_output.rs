@@ -27,6 +27,26 @@ use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags, Timespec, poll};
 
+/// `e` and its causes as `error: cause: cause`, each said once, escaped into one line. The
+/// error types here end their own message with their cause (a log field shows only the
+/// message), so a cause that the line already ends with is not repeated.
+pub(crate) fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = String::new();
+    let mut cause = Some(e);
+    while let Some(e) = cause {
+        let text = e.to_string();
+        if !line.ends_with(&text) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(&text);
+        }
+        cause = e.source();
+    }
+    // One line, whatever a path in it holds.
+    escaped(&line).into_owned()
+}
+
 /// `line` with every control character but tab escaped (`\r`, `\n`, `\u{1b}`...): in the
 /// host's log a carriage return, a newline or an escape sequence from a guest (or in a path)
 /// could forge a host line, or hide one on a terminal.
@@ -165,6 +185,20 @@ mod tests {
     use std::io::Read as _;
 
     use super::*;
+
+    /// A cause that the message already ends with is said once; one that adds to it is kept.
+    #[test]
+    fn one_line_says_each_cause_once() {
+        /// An error that ends its message with its cause, as the crate's errors do.
+        #[derive(Debug, thiserror::Error)]
+        #[error("config file vvm.toml: {0}")]
+        struct Read(#[source] std::io::Error);
+
+        let io = || std::io::Error::new(std::io::ErrorKind::NotFound, "gone");
+        assert_eq!(one_line(&Read(io())), "config file vvm.toml: gone");
+        let added = anyhow::Error::new(io()).context("reading the lease\nforged");
+        assert_eq!(one_line(added.as_ref()), "reading the lease\\nforged: gone");
+    }
 
     fn on_pipe(size: usize) -> (Stderr, std::io::PipeReader) {
         let (reader, writer) = std::io::pipe().unwrap();

@@ -18,9 +18,10 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::config::{ConfigError, Settings};
+use crate::config::{ConfigError, Placement, Settings};
 use crate::holder_lock::HolderLockDir;
-use crate::placement::{Placement, Spread, SpreadConfig};
+use crate::log_output::one_line;
+use crate::placement::{Spread, SpreadConfig};
 use crate::problem::Problem;
 use crate::runtime::{RuntimeConfig, WasmServices};
 use crate::services::Services;
@@ -57,7 +58,7 @@ pub async fn serve_until_reloading(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     tokio::pin!(shutdown);
-    let store = store::open(&settings, false).await?;
+    let store = store::open(&settings.store_settings(), false).await?;
     let holder_locks = holder_locks(&settings)?;
     crate::placement::refuse_mixed(&*store.shared(), settings.placement).await?;
     let Some(wasm) = load_services(&settings, shutdown.as_mut()).await? else {
@@ -282,7 +283,7 @@ fn apply_reload(current: &Settings, services: &WasmServices, reload: Reload) {
     let (config, new) = match config {
         Ok(ok) => ok,
         Err(e) => {
-            tracing::error!(error = %crate::cli::one_line(&e), "configuration not reloaded; keeping the old settings");
+            tracing::error!(error = %one_line(e.as_ref()), "configuration not reloaded; keeping the old settings");
             return;
         }
     };

@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
-use crate::elections::LeaseDeadline;
+use crate::lease::LeaseDeadline;
 use crate::lease_value::RunningReport;
 use crate::problem::ProblemReporter;
 use crate::store::{Store, Term};

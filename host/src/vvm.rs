@@ -12,11 +12,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::{Clock, SystemClock, Timestamp};
-use crate::elections::{ElectionError, Elections, Leadership, retry_pause};
+use crate::elections::{ElectionError, Elections, Leadership};
 use crate::holder_lock::{DeadHolders, HolderLockDir};
 use crate::keys::{CANDIDATE_PREFIX, SLOT_PREFIX, slot_key};
 use crate::killer::Killer;
+use crate::lease::{renew_every, retry_pause};
 use crate::lease_value;
+use crate::ops::Ops;
 use crate::problem::{Problem, ProblemReporter};
 use crate::services::{LeaseInfo, RunningServices, ServiceContext, ServiceError, Services};
 use crate::store::{Candidates, Record, Store, StoreError, Term};
@@ -157,7 +159,10 @@ impl Vvm {
             config,
             store,
             services,
-            killer: Arc::new(Killer::new(Arc::clone(&clock))),
+            killer: Arc::new(
+                Killer::new(Arc::clone(&clock))
+                    .reporting(|armed| Ops::global().killer_armed(armed)),
+            ),
             clock,
             holder_locks: None,
         }
@@ -681,8 +686,8 @@ async fn within_quarter_lease<T, E: From<StoreError>>(
 ) -> Result<T, E> {
     crate::ops::Ops::global()
         .health()
-        .step_due_in(lease / 4, lease);
-    tokio::time::timeout(lease / 4, call)
+        .step_due_in(renew_every(lease), lease);
+    tokio::time::timeout(renew_every(lease), call)
         .await
         .unwrap_or_else(|_| {
             Err(StoreError::transient(format!("{op} {key}"), "no answer within L/4").into())

@@ -11,7 +11,7 @@ use testkit::{guests, logs};
 use tokio_util::sync::CancellationToken;
 use vvm_host::clock::{Clock, ManualClock, SystemClock};
 use vvm_host::config::OnFailure;
-use vvm_host::elections::LeaseDeadline;
+use vvm_host::lease::LeaseDeadline;
 use vvm_host::lease_value::{RunningReport, ServiceState, ServiceStatus};
 use vvm_host::problem::{Problem, ProblemReporter};
 use vvm_host::runtime::{

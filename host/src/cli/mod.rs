@@ -13,7 +13,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{self, ConfigError, EtcdFileConfig, FileConfig, Settings};
-use crate::log_output::Stderr;
+use crate::log_output::{Stderr, one_line};
 
 /// Exit code for bad settings or a store that cannot be opened.
 pub const EXIT_SETUP: u8 = 1;
@@ -201,7 +201,7 @@ pub struct ServeArgs {
     /// `spread` (each service is claimed on its own; the hosts share them out) [default:
     /// together].
     #[arg(long, env = "VVM_PLACEMENT", value_enum)]
-    pub placement: Option<crate::placement::Placement>,
+    pub placement: Option<crate::config::Placement>,
     /// The longest wait between restarts of a failing service; each failure in a row doubles
     /// the wait from 100 ms up to this [default: [`config::DEFAULT_RESTART_BACKOFF_MAX`]].
     #[arg(long, env = "VVM_RESTART_BACKOFF_MAX", value_parser = config::parse_duration, allow_hyphen_values = true,
@@ -316,29 +316,10 @@ pub async fn run(cli: Cli) -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             // One clear line, then a non-zero exit.
-            eprintln!("vvm-host: error: {}", one_line(&e));
+            eprintln!("vvm-host: error: {}", one_line(e.as_ref()));
             ExitCode::from(EXIT_SETUP)
         }
     }
-}
-
-/// `e` and its causes as `error: cause: cause`, each said once. The error types here end
-/// their own message with their cause (a log field shows only the message), so a cause that
-/// the line already ends with is not repeated.
-pub(crate) fn one_line(e: &anyhow::Error) -> String {
-    let mut line = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if line.ends_with(&text) {
-            continue;
-        }
-        if !line.is_empty() {
-            line.push_str(": ");
-        }
-        line.push_str(&text);
-    }
-    // One line, whatever a path in it holds.
-    crate::log_output::escaped(&line).into_owned()
 }
 
 #[cfg(test)]
@@ -492,18 +473,5 @@ mod tests {
                 }
             }
         }
-    }
-
-    /// A cause that the message already ends with is said once; one that adds to it is kept.
-    #[test]
-    fn one_line_says_each_cause_once() {
-        let io = || std::io::Error::new(std::io::ErrorKind::NotFound, "gone");
-        let repeated = anyhow::Error::new(crate::config::ConfigError::Read {
-            path: "vvm.toml".into(),
-            source: io().into(),
-        });
-        assert_eq!(one_line(&repeated), "config file vvm.toml: gone");
-        let added = anyhow::Error::new(io()).context("reading the lease");
-        assert_eq!(one_line(&added), "reading the lease: gone");
     }
 }

@@ -5,10 +5,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use super::StoreArgs;
-use crate::config;
+use crate::config::{self, Placement};
 use crate::keys::{HAND_OVER_PREFIX, MEMBER_PREFIX, SERVICE_PREFIX, slot_key};
 use crate::lease_value::{self, ServiceState, ServiceStatus};
-use crate::placement::Placement;
 use crate::runtime::RuntimeConfig;
 use crate::store::{self, Record};
 
@@ -26,7 +25,7 @@ use crate::store::{self, Record};
 /// Safe while hosts serve.
 pub(super) async fn status(args: &StoreArgs, json: bool) -> anyhow::Result<ExitCode> {
     let settings = args.settings()?;
-    let opened = store::open(&settings, true).await?;
+    let opened = store::open(&settings.store_settings(), true).await?;
     let store = opened.shared();
     let mut slots = Vec::new();
     for slot in 1..=settings.cluster_size {

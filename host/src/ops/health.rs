@@ -43,7 +43,11 @@ impl Health {
 
     /// The next step of a loop running with lease `lease` is due within `within` from now.
     pub fn step_due_in(&self, within: Duration, lease: Duration) {
-        let at = self.clock.now().after(within).after(lease / 4);
+        let at = self
+            .clock
+            .now()
+            .after(within)
+            .after(crate::lease::renew_every(lease));
         self.wedged_after.send_replace(Some(at));
     }
 

@@ -26,7 +26,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;
 
 use crate::clock::{Clock, SystemClock};
-use crate::elections::LeaseDeadline;
+use crate::lease::LeaseDeadline;
 use crate::store::Term;
 use metrics::{Metrics, SlotLabels};
 

@@ -1,38 +1,16 @@
 //! Placement (SPEC §6 "Placement"): which host runs which service.
 //!
-//! - [`Placement::Together`] (the default): a leader on slot k runs every service
+//! - [`Placement::Together`] (the default, a setting of [`crate::config`]): a leader on slot k runs every service
 //!   ([`crate::vvm`]).
 //! - [`Placement::Spread`]: each service is a claim of its own, and the hosts of a group
 //!   share the services out between them ([`spread`]).
 
 pub mod spread;
 
-use serde::Deserialize;
-
 pub use spread::{Spread, SpreadConfig};
 
+use crate::config::Placement;
 use crate::store::Store;
-
-/// How services are placed on the hosts of a group.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum Placement {
-    /// A leader on a slot runs every service; the other hosts stand by.
-    #[default]
-    Together,
-    /// Each service is claimed on its own (`service/<name>`); hosts keep a membership record
-    /// and claim their fair share, so the services spread over every host.
-    Spread,
-}
-
-impl std::fmt::Display for Placement {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Together => "together",
-            Self::Spread => "spread",
-        })
-    }
-}
 
 /// A host would join a group whose hosts place services the other way.
 #[derive(Debug, thiserror::Error)]
@@ -169,17 +147,5 @@ mod tests {
         assert_eq!(fair_share(6, &m, "c"), 2);
         assert_eq!(fair_share(3, &[], "c"), 3, "alone");
         assert_eq!(fair_share(0, &m, "a"), 0);
-    }
-
-    #[test]
-    fn placement_names_parse_from_the_file() {
-        #[derive(Deserialize)]
-        struct File {
-            placement: Placement,
-        }
-        let f: File = toml::from_str("placement = \"spread\"").unwrap();
-        assert_eq!(f.placement, Placement::Spread);
-        assert!(toml::from_str::<File>("placement = \"apart\"").is_err());
-        assert_eq!(Placement::default().to_string(), "together");
     }
 }

@@ -15,7 +15,7 @@
 //!   not return is lost: its deadline becomes *now* and its service alone is stopped. A
 //!   renewal that fails three times (`L/20` apart, each bounded by `L/10`) loses every claim.
 //! - **Deadlines and the killer.** Each claim has its own local deadline (start of its last
-//!   successful write + 0.8·L, see [`crate::elections::LeaseDeadline`]); the killer is armed at
+//!   successful write + 0.8·L, see [`crate::lease::LeaseDeadline`]); the killer is armed at
 //!   the earliest of them and disarmed only while no claim is held (no service runs then).
 //! - **Rules per claim** (SPEC §4–§6): services are compiled before anything is claimed (the
 //!   catalogue is loaded before [`Spread::run`]); a service starts only after its claim is
@@ -36,9 +36,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::clock::{Clock, SystemClock, Timestamp};
-use crate::elections::{LeaseDeadline, retry_pause, valid_until};
 use crate::keys::{ANNOUNCE_PREFIX, MEMBER_PREFIX, SERVICE_PREFIX, member_key, service_key};
 use crate::killer::Killer;
+use crate::lease::{
+    LeaseDeadline, attempt_patience, release_patience, renew_every, retry_pause, valid_until,
+};
 use crate::lease_value::RunningReport;
 use crate::ops::{Ops, RenewalOutcome};
 use crate::problem::{Problem, ProblemReporter};
@@ -79,7 +81,10 @@ impl Spread {
             config,
             store,
             services,
-            killer: Arc::new(Killer::new(Arc::clone(&clock))),
+            killer: Arc::new(
+                Killer::new(Arc::clone(&clock))
+                    .reporting(|armed| Ops::global().killer_armed(armed)),
+            ),
             clock,
         }
     }
@@ -158,7 +163,7 @@ async fn announce(store: &dyn Store, holder: &str, lease: Duration) {
         store.insert_if_absent(&key, holder, lease).await?;
         store.compare_and_delete(&key, holder).await
     };
-    if let Ok(Err(e)) = tokio::time::timeout(lease / 10, announce).await {
+    if let Ok(Err(e)) = tokio::time::timeout(attempt_patience(lease), announce).await {
         tracing::debug!(error = %e, "announcing the join failed; the others see it at their next renewal");
     }
 }
@@ -173,7 +178,7 @@ async fn look(
         let claims = store.list(SERVICE_PREFIX).await?;
         Ok::<_, StoreError>((members, claims))
     };
-    match tokio::time::timeout(lease / 10, look).await {
+    match tokio::time::timeout(attempt_patience(lease), look).await {
         Ok(Ok(looked)) => Some(looked),
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "looking at the claims failed; will retry");
@@ -247,7 +252,7 @@ impl Host {
     /// One round: renew if due (or `force`), finish stops, act on problems, balance.
     async fn step(&mut self, leaving: bool) {
         let due = self.last_renewal.is_none_or(|last| {
-            last.after(self.lease() / 4)
+            last.after(renew_every(self.lease()))
                 .left_from(self.s.clock.now())
                 .is_none()
         });
@@ -264,7 +269,7 @@ impl Host {
     /// How long to sleep before the next round (a release or a stop ending wakes it earlier).
     fn next_wait(&self) -> Duration {
         let renewal = self.last_renewal.map_or(Duration::ZERO, |last| {
-            last.after(self.lease() / 4)
+            last.after(renew_every(self.lease()))
                 .left_from(self.s.clock.now())
                 .unwrap_or_default()
         });
@@ -293,7 +298,7 @@ impl Host {
                 &self.s.config.holder,
                 lease,
             );
-            let outcome = tokio::time::timeout(lease / 10, renew)
+            let outcome = tokio::time::timeout(attempt_patience(lease), renew)
                 .await
                 .unwrap_or_else(|_| {
                     Err(StoreError::transient("renew_all", "no answer within L/10"))
@@ -412,7 +417,7 @@ impl Host {
                 tracing::info!(service = name, "service stopped");
             }
             let delete = store.compare_and_delete(&key, &holder);
-            let answered = match tokio::time::timeout(lease / 4, delete).await {
+            let answered = match tokio::time::timeout(release_patience(lease), delete).await {
                 Ok(Ok(deleted)) => {
                     tracing::info!(service = name, deleted, "claim released");
                     true
@@ -500,7 +505,7 @@ impl Host {
             .s
             .store
             .insert_if_absent(&self.member, self.holder(), lease);
-        match tokio::time::timeout(lease / 10, insert).await {
+        match tokio::time::timeout(attempt_patience(lease), insert).await {
             // Holder values are unique: a live record under our key is ours.
             Ok(Ok(inserted)) => {
                 self.member_known = true;
@@ -606,7 +611,7 @@ impl Host {
         let key = service_key(name);
         let start = self.s.clock.now();
         let insert = self.s.store.insert_if_absent(&key, self.holder(), lease);
-        let term = match tokio::time::timeout(lease / 10, insert).await {
+        let term = match tokio::time::timeout(attempt_patience(lease), insert).await {
             Ok(Ok(Some(term))) => term,
             Ok(Ok(None)) => return false,
             // It may have landed all the same: the next renewal finds it and hands it back.
@@ -648,14 +653,15 @@ impl Host {
         };
         // Renewals wait meanwhile: a start that takes longer than L/4 is given up (dropping it
         // drops whatever it started), and the claim handed back.
-        let started = tokio::time::timeout(lease / 4, self.s.services.start_one(name, ctx))
-            .await
-            .unwrap_or_else(|_| {
-                Err(ServiceError::Start {
-                    name: name.to_owned(),
-                    reason: "did not start within L/4".to_owned(),
-                })
-            });
+        let started =
+            tokio::time::timeout(renew_every(lease), self.s.services.start_one(name, ctx))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(ServiceError::Start {
+                        name: name.to_owned(),
+                        reason: "did not start within L/4".to_owned(),
+                    })
+                });
         match started {
             Ok(services) => {
                 claim.phase = Phase::Running { stopping, services };
@@ -734,7 +740,7 @@ impl Host {
         tracing::info!("leaving the group");
         let lease = self.lease();
         let delete = self.s.store.compare_and_delete(&self.member, self.holder());
-        if let Ok(Err(e)) = tokio::time::timeout(lease / 4, delete).await {
+        if let Ok(Err(e)) = tokio::time::timeout(release_patience(lease), delete).await {
             tracing::warn!(error = %e, "deleting the membership failed; it will expire");
         }
         let names: Vec<String> = self.claims.keys().cloned().collect();

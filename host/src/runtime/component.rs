@@ -57,7 +57,7 @@ pub enum LoadErrorKind {
     /// The file could not be read: missing, not a regular file, or larger than
     /// [`MAX_COMPONENT_BYTES`].
     #[error("cannot read: {0}")]
-    Read(#[source] crate::config::FileError),
+    Read(#[source] crate::fs::FileError),
     /// The file is not a WebAssembly component (empty, a core module): its header says so.
     #[error("not a valid component: {0}")]
     Invalid(String),
@@ -133,9 +133,9 @@ pub(crate) fn service_name(path: &Path) -> Option<String> {
 /// (a disk image, a sparse file) costs neither the memory nor the time of reading it.
 pub const MAX_COMPONENT_BYTES: u64 = 256 << 20;
 
-/// The bytes of service file `path` (see [`crate::config::read_file`]).
+/// The bytes of service file `path` (see [`crate::fs::read_file`]).
 pub(crate) fn read_service_file(path: &Path) -> Result<Vec<u8>, LoadErrorKind> {
-    crate::config::read_file(path, MAX_COMPONENT_BYTES).map_err(LoadErrorKind::Read)
+    crate::fs::read_file(path, MAX_COMPONENT_BYTES).map_err(LoadErrorKind::Read)
 }
 
 /// The service files of `dir` (see [`service_name`]), sorted by name.
@@ -411,7 +411,7 @@ fn classify(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::FileError;
+    use crate::fs::FileError;
 
     #[test]
     fn only_plain_wasm_names_are_services() {

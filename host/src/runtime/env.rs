@@ -13,7 +13,7 @@ use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::config::KvLimits;
-use crate::elections::LeaseDeadline;
+use crate::lease::LeaseDeadline;
 use crate::problem::ProblemReporter;
 use crate::services::LeaseInfo;
 use crate::store::Store;

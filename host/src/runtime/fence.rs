@@ -37,7 +37,7 @@ use wasmtime_wasi::sockets::WasiSocketsView;
 use wasmtime_wasi_io::bytes::Bytes;
 
 use super::env::{Host, ServiceEnv};
-use crate::elections::LeaseDeadline;
+use crate::lease::LeaseDeadline;
 
 /// A guest effect refused because the local lease deadline has passed: another host may
 /// lead by now. Raised as a trap, so the guest stops at once.

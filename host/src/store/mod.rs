@@ -14,11 +14,41 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::config::Settings;
-
 pub use etcd::{EtcdOptions, EtcdStore, EtcdTls, EtcdUrlError};
 pub use mem::MemStore;
 pub use redb_store::RedbStore;
+
+/// What [`open`] needs to know of the settings: where the store is and how to reach it.
+/// Its `Debug` leaves the password out.
+#[derive(Clone, Default)]
+pub struct StoreSettings {
+    /// A redb file path, or `etcd://host:port[,host:port...]`.
+    pub location: String,
+    /// etcd user name, if the cluster authenticates.
+    pub user: Option<String>,
+    /// etcd password.
+    pub password: Option<String>,
+    /// TLS to the etcd cluster, if any file of it is given.
+    pub tls: Option<EtcdTls>,
+    /// Key prefix of every etcd record, if not the default.
+    pub prefix: Option<String>,
+    /// How long one wait for a lock of the redb file may last: a bound well inside the
+    /// renewal's retries (SPEC §8).
+    pub lock_patience: Duration,
+}
+
+impl std::fmt::Debug for StoreSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreSettings")
+            .field("location", &self.location)
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "(hidden)"))
+            .field("tls", &self.tls)
+            .field("prefix", &self.prefix)
+            .field("lock_patience", &self.lock_patience)
+            .finish()
+    }
+}
 
 /// Opens the configured store: etcd for an `etcd://` URL, else a redb file. With
 /// `read_only` (the tools that only look), a redb file must exist and is opened without
@@ -26,33 +56,24 @@ pub use redb_store::RedbStore;
 ///
 /// # Errors
 /// The store's error, naming the path or endpoints.
-pub async fn open(settings: &Settings, read_only: bool) -> Result<OpenedStore, StoreError> {
-    if settings.store.starts_with("etcd://") {
-        let mut options = EtcdOptions::from_url(&settings.store)
-            .map_err(|e| StoreError::permanent(format!("store {}", settings.store), e))?;
-        let etcd = &settings.etcd;
-        options.user.clone_from(&etcd.user);
-        options.password.clone_from(&etcd.password);
-        if etcd.ca.is_some() || etcd.cert.is_some() || etcd.key.is_some() {
-            options.tls = Some(EtcdTls {
-                ca: etcd.ca.clone(),
-                cert: etcd.cert.clone(),
-                key: etcd.key.clone(),
-            });
-        }
-        if let Some(prefix) = &etcd.prefix {
+pub async fn open(settings: &StoreSettings, read_only: bool) -> Result<OpenedStore, StoreError> {
+    let location = &settings.location;
+    if location.starts_with("etcd://") {
+        let mut options = EtcdOptions::from_url(location)
+            .map_err(|e| StoreError::permanent(format!("store {location}"), e))?;
+        options.user.clone_from(&settings.user);
+        options.password.clone_from(&settings.password);
+        options.tls.clone_from(&settings.tls);
+        if let Some(prefix) = &settings.prefix {
             options.prefix.clone_from(prefix);
         }
         let store = EtcdStore::connect(options).await?;
         Ok(OpenedStore::Etcd(Arc::new(store)))
     } else if read_only {
-        let store = RedbStore::open_read_only(&settings.store).await?;
+        let store = RedbStore::open_read_only(location).await?;
         Ok(OpenedStore::Redb(Arc::new(store)))
     } else {
-        // Lock waits bounded well inside the renewal's retries (SPEC §8).
-        let patience =
-            (settings.lease / 10).clamp(Duration::from_millis(10), Duration::from_secs(2));
-        let store = RedbStore::open_with_patience(&settings.store, patience).await?;
+        let store = RedbStore::open_with_patience(location, settings.lock_patience).await?;
         Ok(OpenedStore::Redb(Arc::new(store)))
     }
 }

@@ -158,7 +158,7 @@ impl EtcdOptions {
 
     fn tls_options(&self, tls: &EtcdTls) -> Result<TlsOptions, StoreError> {
         let read = |what: &str, path: &PathBuf| {
-            crate::config::read_file(path, crate::config::MAX_SETTINGS_FILE_BYTES).map_err(|e| {
+            crate::fs::read_file(path, crate::fs::MAX_SETTINGS_FILE_BYTES).map_err(|e| {
                 StoreError::permanent(
                     format!(
                         "etcd {}: reading TLS {what} {}",

@@ -1,0 +1,106 @@
+//! The local lease (SPEC §4): the deadline past which no guest effect may happen, and the
+//! tempo every lease of `L` keeps, for a slot (elections) and a spread claim alike.
+//!
+//! It sits below everything that reads it (ops, services, the runtime's fence, elections,
+//! spread placement) and uses only the clock. The tempo of `L`, in one place:
+//!
+//! | step | when | why |
+//! |---|---|---|
+//! | renew | every `L/4` | three attempts fit before `0.8·L` |
+//! | one attempt | waits at most `L/10` | a stalled store is one failed attempt |
+//! | between attempts | `L/20` ([`retry_pause`]) | also the campaign's pause after an error |
+//! | a release | waits at most `L/4` | past it the record expires on its own |
+//! | the deadline | `0.8·L` after a write began ([`valid_until`]) | `0.2·L` before expiry |
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::clock::{Clock, Timestamp};
+
+/// Renewal attempts per tick before the lease is given up.
+pub(crate) const RENEW_ATTEMPTS: u32 = 3;
+
+/// How often a lease of `L` is renewed: `L/4`.
+pub(crate) fn renew_every(lease: Duration) -> Duration {
+    lease / 4
+}
+
+/// How long one renewal attempt (or any one store call on the lease's path) waits for the
+/// store: `L/10`.
+pub(crate) fn attempt_patience(lease: Duration) -> Duration {
+    lease / 10
+}
+
+/// The pause between failed store calls of a lease `lease` long, for renewal and campaign
+/// alike: `L/20`, so a renewal tick has room for its attempts.
+pub(crate) fn retry_pause(lease: Duration) -> Duration {
+    lease / 20
+}
+
+/// How long a release waits for the store to delete the record: `L/4`. Past that the record
+/// expires on its own, and a stalled store must not hang the shutdown sequence.
+pub(crate) fn release_patience(lease: Duration) -> Duration {
+    lease / 4
+}
+
+/// The local lease deadline for a write that started at `start`: `start + 0.8·L`.
+pub fn valid_until(start: Timestamp, lease: Duration) -> Timestamp {
+    start.after(lease.mul_f64(0.8))
+}
+
+/// The local lease deadline (*valid-until*): the start of the last successful write plus
+/// 0.8·L, or the moment the lease was known lost. Past it no guest output or host call may
+/// take effect (SPEC §4, §6). Read on a [`Clock`] that counts suspend. Cheap to clone.
+#[derive(Clone)]
+pub struct LeaseDeadline {
+    until: watch::Receiver<Timestamp>,
+    clock: Arc<dyn Clock>,
+}
+
+impl fmt::Debug for LeaseDeadline {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseDeadline")
+            .field("until", &self.get())
+            .field("left", &self.time_left())
+            .finish()
+    }
+}
+
+impl LeaseDeadline {
+    /// A deadline on `clock` that never moves, for tests and tools.
+    pub fn fixed(clock: Arc<dyn Clock>, at: Timestamp) -> Self {
+        Self::manual(clock, at).1
+    }
+
+    /// A deadline on `clock` moved by the returned sender.
+    pub fn manual(clock: Arc<dyn Clock>, at: Timestamp) -> (watch::Sender<Timestamp>, Self) {
+        let (tx, until) = watch::channel(at);
+        (tx, Self { until, clock })
+    }
+
+    /// A deadline on `clock` that follows `tx` (spread placement keeps one per claim).
+    pub fn from_sender(clock: Arc<dyn Clock>, tx: &watch::Sender<Timestamp>) -> Self {
+        Self {
+            until: tx.subscribe(),
+            clock,
+        }
+    }
+
+    /// The moment the lease stops being valid locally.
+    pub fn get(&self) -> Timestamp {
+        *self.until.borrow()
+    }
+
+    /// Time left until the deadline, or `None` once it has been reached (inclusive).
+    pub fn time_left(&self) -> Option<Duration> {
+        self.get().left_from(self.clock.now())
+    }
+
+    /// True once the deadline has been reached (inclusive).
+    pub fn has_passed(&self) -> bool {
+        self.time_left().is_none()
+    }
+}
