@@ -6,7 +6,8 @@
 //!   process's file descriptors.
 //! - `engine`: the wasmtime [`wasmtime::Engine`], the epoch ticker thread, and the `Runtime`
 //!   (engine, ticker, configuration) every supervisor shares.
-//! - `component`: discovery, compilation with an on-disk cache, world classification.
+//! - `cache`: the on-disk compile cache: fetch or compile, write safely, prune.
+//! - `component`: discovery, compilation (through the cache), world classification.
 //! - `env`: what the host side of a guest's calls sees: `ServiceEnv` (per service and
 //!   leadership) and `Host` (per store).
 //! - `fence`: no guest effect past the lease deadline: the per-call check, fenced streams.
@@ -16,17 +17,20 @@
 //! - `restart`: a failed service's backoff schedule, and its state as `status`, `/metrics` and
 //!   the log see it.
 //! - `supervisor`: runs, restarts and stops one service; hands the lease over where asked.
+//! - `debounce`: when a changed service file is complete and must be looked at (pure).
 //! - `live_dir`: the live services directory: a watcher keeping the catalogue of loaded
 //!   services in step with the directory's files.
 //! - `reconcile`: the running services of one leadership, following the catalogue.
 //! - `wasm_services`: [`WasmServices`], the [`crate::services::Services`] the lifecycle starts.
 //!
 //! Dependencies point one way, in this order (each uses only modules before it): `config`,
-//! `handles`, `stacks`, `engine`, `env`, `fence`, `output`, `host`, `component`, `restart`, `supervisor`,
-//! `live_dir`, `reconcile`, `wasm_services`.
+//! `handles`, `stacks`, `engine`, `env`, `fence`, `output`, `host`, `cache`, `component`, `restart`,
+//! `supervisor`, `debounce`, `live_dir`, `reconcile`, `wasm_services`.
 
+mod cache;
 mod component;
 mod config;
+mod debounce;
 mod engine;
 mod env;
 mod fence;

@@ -9,6 +9,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use wasmtime::component::Linker;
 
+use super::cache;
 use super::component::{self, Compiler, LoadError, LoadStats, ServiceKind};
 use super::engine::{self, Runtime};
 use super::env::Host;
@@ -102,7 +103,7 @@ impl WasmServices {
             progress.done();
         }
         drop(progress);
-        component::prune_cache(&config.cache_dir);
+        cache::prune_cache(&config.cache_dir);
         let stats = compiler.stats;
         tracing::info!(
             services = services.len(),
