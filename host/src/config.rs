@@ -79,7 +79,7 @@ pub struct FileConfig {
     #[serde(default, with = "opt_addr")]
     pub metrics_addr: Option<SocketAddr>,
     /// Directory of the crash locks, shared by the hosts of one machine (see
-    /// [`crate::holder_lock`]). Default: `<store>.holders` beside a redb store; none for etcd,
+    /// [`crate::holder::crash_lock`]). Default: `<store>.holders` beside a redb store; none for etcd,
     /// where it is worth setting when several hosts share a machine.
     pub lock_dir: Option<PathBuf>,
     /// How services are placed on the hosts: `together` (default) or `spread`.
@@ -290,7 +290,7 @@ pub fn default_cache_dir(services: &Path) -> PathBuf {
 /// etcd, whose hosts may be on other machines (a lock only tells about this machine).
 pub fn default_lock_dir(store: &str) -> Option<PathBuf> {
     (!store.starts_with("etcd://"))
-        .then(|| crate::holder_lock::HolderLockDir::beside(Path::new(store)))
+        .then(|| crate::holder::crash_lock::HolderLockDir::beside(Path::new(store)))
 }
 
 /// `mib` MiB in bytes (saturating; [`MAX_MEMORY_LIMIT_MIB`] bounds the settings).

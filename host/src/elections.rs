@@ -375,7 +375,7 @@ impl Elections {
         }
         // A write that timed out may still land after this delete; the record then expires
         // (on redb only after CANDIDACY_TTL), and no host of this process hands it a slot
-        // meanwhile (`vvm::can_take_over`).
+        // meanwhile (`holder::can_take_over`).
         let withdraw = self.store.compare_and_delete(&key, &holder);
         if let Ok(Err(e)) = tokio::time::timeout(release_patience(lease), withdraw).await {
             tracing::debug!(key, error = %e, "withdrawing the candidacy failed; it will expire");

@@ -20,7 +20,7 @@
 //! off starts again, Unix milliseconds.
 //!
 //! e.g. `myhost/4242/18a3f0c2/0\n[["ticker","3fa1c09be2d4",1795467301]]`. A holder never
-//! contains a newline ([`crate::vvm::holder_value`] replaces control characters), so the first
+//! contains a newline ([`crate::holder::holder_value`] replaces control characters), so the first
 //! newline ends it; JSON escapes any character a service name (a file stem) may contain.
 //! Everything that compares values (compare-and-delete, the campaign's own-record check)
 //! compares the whole value or the [`holder`] part, never a prefix.

@@ -13,7 +13,8 @@
 //! - [`config`]: every default and bound, and the resolution of the settings.
 //! - [`ops`]: metrics, liveness and the operations endpoint (`/healthz`, `/leader`, `/metrics`).
 //! - [`killer`]: the watchdog thread that ends the process if renewal stalls.
-//! - [`holder_lock`]: the crash lock: a standby learns from the kernel that a holder is gone.
+//! - [`holder`]: who a host is (a holder value per process run), whether it can take over,
+//!   and its crash lock, by which a standby learns from the kernel that a holder is gone.
 //! - [`store`]: the TTL store contract and its backends (memory, redb, etcd).
 //! - [`lease`]: the local lease deadline, and the tempo of `L` (renew, attempt, retry, release).
 //! - [`lease_value`]: a lease record's value: the holder and the services under the lease.
@@ -31,7 +32,7 @@
 //! 4. `vvm`, `runtime`
 //! 5. `services`, `elections`
 //! 6. `problem`, `config`
-//! 7. `ops`, `killer`, `holder_lock`
+//! 7. `ops`, `killer`, `holder`
 //! 8. `store`
 //! 9. `lease`, `lease_value`, `keys`, `log_output`, `fs`
 //! 10. `clock`
@@ -41,7 +42,7 @@ pub mod clock;
 pub mod config;
 pub mod elections;
 pub mod fs;
-pub mod holder_lock;
+pub mod holder;
 pub mod keys;
 pub mod killer;
 pub mod lease;

@@ -19,14 +19,15 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::{ConfigError, Placement, Settings};
-use crate::holder_lock::HolderLockDir;
+use crate::holder::crash_lock::HolderLockDir;
+use crate::holder::holder_value;
 use crate::log_output::one_line;
 use crate::placement::{Spread, SpreadConfig};
 use crate::problem::Problem;
 use crate::runtime::{RuntimeConfig, WasmServices};
 use crate::services::Services;
 use crate::store;
-use crate::vvm::{Vvm, VvmConfig, holder_value};
+use crate::vvm::{Vvm, VvmConfig};
 
 /// Serves with `settings` until `shutdown` resolves: opens the store, loads the services,
 /// then launches a VVM; after each problem (leadership lost, acquisition timeout, a failing

@@ -23,7 +23,7 @@
 //!   a shutdown leaves the group first (membership deleted, so the others' shares grow at
 //!   once), then hands over every claim that way, and disarms the killer last.
 //!
-//! Not here: the crash lock ([`crate::holder_lock`]); a killed host's claims are waited out
+//! Not here: the crash lock ([`crate::holder::crash_lock`]); a killed host's claims are waited out
 //! (the others sleep exactly until the earliest of them expires).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -55,7 +55,7 @@ const RENEW_ATTEMPTS: u32 = 3;
 pub struct SpreadConfig {
     /// Lease duration `L` of every claim and of the membership record.
     pub lease: Duration,
-    /// This host's holder value, unique per process run ([`crate::vvm::holder_value`]).
+    /// This host's holder value, unique per process run ([`crate::holder::holder_value`]).
     pub holder: String,
 }
 

@@ -8,11 +8,11 @@ use proptest::prelude::*;
 use tokio::time::{Instant, advance, sleep};
 use vvm_host::clock::{SystemClock, Timestamp, TokioClock};
 use vvm_host::elections::{ElectionError, Elections};
+use vvm_host::holder::holder_value;
 use vvm_host::killer::{KILLER_EXIT_CODE, Killer};
 use vvm_host::lease::valid_until;
 use vvm_host::lease_value::{self, ServiceStatus};
 use vvm_host::store::{MemStore, TtlStore};
-use vvm_host::vvm::holder_value;
 
 use crate::common::child;
 use crate::common::journal::Journal;

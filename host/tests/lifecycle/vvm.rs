@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
 use vvm_host::clock::TokioClock;
-use vvm_host::holder_lock::HolderLockDir;
+use vvm_host::holder::crash_lock::HolderLockDir;
 use vvm_host::killer::{KILLER_EXIT_CODE, Killer};
 use vvm_host::problem::{Problem, ProblemReporter};
 use vvm_host::store::{MemStore, StoreError, TtlStore};

@@ -2,26 +2,27 @@
 //!
 //! Problems are reported through [`crate::problem`]; the first one ends the VVM's run.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::clock::{Clock, SystemClock, Timestamp};
-use crate::elections::{ElectionError, Elections, Leadership};
-use crate::holder_lock::{DeadHolders, HolderLockDir};
+mod campaign;
+
+use crate::clock::{Clock, SystemClock};
+use crate::elections::{Elections, Leadership};
+use crate::holder::crash_lock::HolderLockDir;
+use crate::holder::{candidates, holder_value};
 use crate::keys::{CANDIDATE_PREFIX, SLOT_PREFIX, slot_key};
 use crate::killer::Killer;
-use crate::lease::{renew_every, retry_pause};
+use crate::lease::renew_every;
 use crate::lease_value;
 use crate::ops::Ops;
 use crate::problem::{Problem, ProblemReporter};
 use crate::services::{LeaseInfo, RunningServices, ServiceContext, ServiceError, Services};
-use crate::store::{Candidates, Record, Store, StoreError, Term};
+use crate::store::{Store, StoreError, Term};
 
 /// How a VVM campaigns and holds its lease.
 #[derive(Clone, Debug)]
@@ -45,81 +46,6 @@ impl Default for VvmConfig {
             holder: holder_value(),
         }
     }
-}
-
-/// A holder value unique per process run, not just per machine: `host/pid/start-nanos/seq`.
-///
-/// The pid tells processes on one machine apart, the nanos of the first call tell apart runs
-/// that reuse a pid, and `seq` counts calls so two VVMs in one process never share a value.
-pub fn holder_value() -> String {
-    static SEQ: AtomicU64 = AtomicU64::new(0);
-    format!("{}/{}", this_run(), SEQ.fetch_add(1, Ordering::Relaxed))
-}
-
-/// This process's part of its holder values: node name, pid and start time.
-fn this_run() -> &'static str {
-    static RUN: OnceLock<String> = OnceLock::new();
-    RUN.get_or_init(|| {
-        // No control characters: a newline ends the holder in a record's value (`lease_value`).
-        let host = node_name();
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        format!("{host}/{}/{nanos:x}", std::process::id())
-    })
-}
-
-/// The hosts our slot may be handed to: those standing under [`CANDIDATE_PREFIX`] that
-/// [`can_take_over`].
-fn candidates() -> Candidates {
-    Candidates {
-        prefix: CANDIDATE_PREFIX.to_owned(),
-        eligible: Arc::new(can_take_over),
-    }
-}
-
-/// Whether the host of `holder` (a [`holder_value`]) can take a lease over now: not when it
-/// runs on this machine and its process is stopped (SIGSTOP, a debugger) or gone; a stopped
-/// standby handed a slot would leave it idle until the record expires. Nor when it is a
-/// campaign of this very process: a process runs one campaign at a time and the releasing
-/// one has withdrawn its candidacy, so such a record is left over from an earlier campaign
-/// (a candidacy write still under way when its campaign ended lands after the delete). A
-/// host on another machine, or whose process this one cannot see (another pid namespace),
-/// is taken as able.
-pub fn can_take_over(holder: &str) -> bool {
-    if holder
-        .strip_prefix(this_run())
-        .is_some_and(|campaign| campaign.starts_with('/'))
-    {
-        return false;
-    }
-    let mut parts = holder.rsplitn(4, '/');
-    let (Some(_seq), Some(_nanos), Some(pid), Some(host)) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return true;
-    };
-    if host != node_name() || pid.parse::<u32>().is_err() {
-        return true;
-    }
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        // No such process here: gone, or in another pid namespace. Either way it cannot be
-        // told from a live one, and a delete is the safe fallback.
-        return false;
-    };
-    // `pid (comm) state ...`: the command may hold spaces and parentheses.
-    let state = stat
-        .rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().next());
-    !matches!(state, Some("T" | "t" | "Z" | "X" | "x"))
-}
-
-/// This machine's node name as a holder value carries it.
-fn node_name() -> String {
-    rustix::system::uname()
-        .nodename()
-        .to_string_lossy()
-        .replace(char::is_control, "_")
 }
 
 /// Where a launched VVM is in its life, for logs, status and tests.
@@ -171,7 +97,7 @@ impl Vvm {
     /// Takes this VVM's holder lock in `dir` before it campaigns, and keeps it until its
     /// shutdown sequence has ended; while campaigning, waits on the locks of the holders it
     /// finds there, and deletes a holder's record as soon as its lock is free (the crash lock,
-    /// see [`crate::holder_lock`]). `None`: wait out the lease of every holder.
+    /// see [`crate::holder::crash_lock`]). `None`: wait out the lease of every holder.
     #[must_use]
     pub fn with_holder_locks(mut self, dir: Option<Arc<HolderLockDir>>) -> Self {
         self.holder_locks = dir;
@@ -481,202 +407,9 @@ impl Launcher {
         self.state.send_replace(VvmState::ShutDown);
         tracing::info!("shut down");
     }
-
-    /// Deletes the record with `value` at `key`, whose holder's process is gone (its crash
-    /// lock is free). By the exact value only (fencing, SPEC §4): a record rewritten since by
-    /// anyone else stays. Whether it was deleted, or `None` if the store call failed.
-    async fn delete_dead_holder(
-        &self,
-        key: &str,
-        value: &str,
-        dead: &mut DeadHolders,
-    ) -> Option<bool> {
-        let lease = self.vvm.config.lease;
-        let holder = lease_value::holder(value);
-        let delete = self.vvm.store.compare_and_delete(key, value);
-        match within_quarter_lease(lease, "compare_and_delete", key, delete).await {
-            Ok(deleted) => {
-                tracing::info!(
-                    key,
-                    holder,
-                    deleted,
-                    "deleting the record of a holder that is gone"
-                );
-                dead.forget(holder);
-                Some(deleted)
-            }
-            Err(e) => {
-                tracing::warn!(key, holder, error = %e,
-                    "deleting the record of a holder that is gone failed");
-                None
-            }
-        }
-    }
-
-    /// Takes over the slot `key` if its record names us (a handover), with no write: as the
-    /// release that woke us left it, if the store saw that ([`crate::store::TtlStore::handed`]),
-    /// else read.
-    async fn take_over_if_ours(&self, key: &str) -> Result<Option<Leadership>, ElectionError> {
-        let Vvm { config, store, .. } = &self.vvm;
-        let read_start = self.vvm.clock.now();
-        let record = match store.handed(key) {
-            Some(record) => Ok(Some(record)),
-            None => within_quarter_lease(config.lease, "get", key, store.get(key)).await,
-        };
-        match record {
-            Ok(Some(record)) if lease_value::holder(&record.value) == config.holder => {
-                self.adopt(key, &record, read_start).await
-            }
-            _ => Ok(None),
-        }
-    }
-
-    /// Takes over `record`, read from `key` from `read_start` on, which names us.
-    async fn adopt(
-        &self,
-        key: &str,
-        record: &Record,
-        read_start: Timestamp,
-    ) -> Result<Option<Leadership>, ElectionError> {
-        let Vvm { config, .. } = &self.vvm;
-        let adopt = self
-            .elections
-            .adopt(key, &config.holder, record, read_start, config.lease);
-        adopt.await
-    }
-
-    /// Tries every slot each round until one is acquired, shutdown begins (`Ok(None)`), or
-    /// the acquisition timeout passes. Between rounds it sleeps until the earliest record can
-    /// expire, waking early when the store reports a release.
-    async fn campaign(&self) -> Result<Option<(u32, Leadership)>, Problem> {
-        let Vvm { config, store, .. } = &self.vvm;
-        let elections = &self.elections;
-        let give_up_at = crate::clock::tokio_after(Instant::now(), config.acquisition_timeout);
-        tracing::info!(
-            slots = config.cluster_size,
-            holder = config.holder,
-            "campaigning"
-        );
-        let mut dead = DeadHolders::new(self.vvm.holder_locks.clone());
-        // Slots held by another host at the last look, where a handover may reach us, and
-        // whether a release, or a holder's exit, woke us since.
-        let mut held_by_others = std::collections::HashSet::new();
-        let mut may_be_handed = false;
-        'round: loop {
-            let mut wait = give_up_at.saturating_duration_since(Instant::now());
-            // Listen for releases *before* looking at the slots: a release between our look
-            // and our sleep would otherwise be missed, and we would sleep until its expiry.
-            let released = store.wait_released(wait);
-            tokio::pin!(released);
-            let released_already = tokio::select! {
-                biased;
-                () = &mut released => true,
-                () = std::future::ready(()) => false,
-            };
-            let mut seen_live = false;
-            let handed_to_us = std::mem::take(&mut held_by_others);
-            for slot in 1..=config.cluster_size {
-                if self.shutdown.is_cancelled() {
-                    return Ok(None);
-                }
-                let key = slot_key(slot);
-                // Held by another at our last look and released since (or its holder is gone):
-                // it may have been handed to us, which a read tells without the write an insert
-                // attempt is.
-                if (may_be_handed || released_already) && handed_to_us.contains(&slot) {
-                    match self.take_over_if_ours(&key).await {
-                        Ok(Some(leadership)) => return Ok(Some((slot, leadership))),
-                        Ok(None) => {}
-                        Err(_) => return Ok(None),
-                    }
-                }
-                // No store call may hold the campaign up for ever: past L/4 it counts as a
-                // transient failure (the insert, if it lands, is ours and is retaken or
-                // cleaned up; see below).
-                let attempt = elections.acquire(&key, &config.holder, config.lease);
-                match within_quarter_lease(config.lease, "acquire", &key, attempt).await {
-                    Ok(Some(leadership)) => return Ok(Some((slot, leadership))),
-                    Ok(None) => {}
-                    Err(ElectionError::CleanedUp) => return Ok(None),
-                    Err(ElectionError::Store(e)) if e.is_transient() => {
-                        tracing::warn!(slot, error = %e, "acquire failed, will retry");
-                        wait = wait.min(retry_pause(config.lease));
-                        continue;
-                    }
-                    Err(ElectionError::Store(e)) => return Err(e.into()),
-                }
-                let read_start = self.vvm.clock.now();
-                match within_quarter_lease(config.lease, "get", &key, store.get(&key)).await {
-                    // A record with our holder value (unique per campaign) is ours: a leader
-                    // handed it to us as it released it, or an earlier insert of ours failed
-                    // (a timeout, an error) yet was applied. Take it over as it stands.
-                    Ok(Some(record)) if lease_value::holder(&record.value) == config.holder => {
-                        match self.adopt(&key, &record, read_start).await {
-                            Ok(Some(leadership)) => return Ok(Some((slot, leadership))),
-                            // Too little time left: it was deleted; the slot is free.
-                            Ok(None) => wait = Duration::ZERO,
-                            // Adopting fails only once the elections are cleaned up.
-                            Err(_) => return Ok(None),
-                        }
-                    }
-                    // The crash lock is named by the holder; the record's value may also carry
-                    // its running services (`lease_value`), and is deleted whole.
-                    Ok(Some(record)) if dead.is_gone(lease_value::holder(&record.value)) => {
-                        match self
-                            .delete_dead_holder(&key, &record.value, &mut dead)
-                            .await
-                        {
-                            // Progress, not a spin: the slot may be free now.
-                            Some(true) => continue 'round,
-                            // Rewritten meanwhile: look again soon.
-                            Some(false) => wait = Duration::ZERO,
-                            None => wait = wait.min(retry_pause(config.lease)),
-                        }
-                    }
-                    Ok(Some(record)) => {
-                        seen_live = true;
-                        held_by_others.insert(slot);
-                        wait = wait.min(record.time_left);
-                        dead.watch(&key, lease_value::holder(&record.value));
-                    }
-                    Ok(None) => wait = Duration::ZERO,
-                    Err(e) => {
-                        tracing::warn!(slot, error = %e, "reading the lease failed");
-                        wait = wait.min(retry_pause(config.lease));
-                    }
-                }
-            }
-            if Instant::now() >= give_up_at {
-                return Err(Problem::AcquisitionTimeout {
-                    slots: config.cluster_size,
-                    timeout: config.acquisition_timeout,
-                });
-            }
-            if !seen_live || released_already {
-                // Released between our insert and our read, or a store that cannot wait and
-                // answered at once: try again soon, but never spin.
-                wait = wait.max(Duration::from_millis(1));
-            }
-            // A release during the round has already completed `released`: look again at once.
-            crate::ops::Ops::global()
-                .health()
-                .step_due_in(wait, config.lease);
-            may_be_handed = false;
-            tokio::select! {
-                () = self.shutdown.cancelled() => return Ok(None),
-                () = &mut released, if !released_already => may_be_handed = true,
-                () = tokio::time::sleep(wait) => {}
-                // Its process is gone: look again at once. A holder that shut down in order
-                // released first, and lets go of its lock right after, often before we hear of
-                // the release: as after a release, look for a handover to us, then insert
-                // (a record deleted, the insert wins; a crashed holder's, the round deletes it).
-                () = dead.next() => may_be_handed = true,
-            }
-        }
-    }
 }
 
-/// Awaits a store call of the campaign for at most `L/4`; past that it is a transient
+/// Awaits a store call of the campaign (or of the release) for at most `L/4`; past that it is a transient
 /// failure, so no store call holds the campaign up for ever.
 async fn within_quarter_lease<T, E: From<StoreError>>(
     lease: Duration,
@@ -709,75 +442,5 @@ async fn monitor_leadership(
             stopping.cancel();
             problems.report(Problem::LeadershipLost);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A holder value of a process of this machine.
-    fn local_holder(pid: u32) -> String {
-        format!("{}/{pid}/1a2b/0", node_name())
-    }
-
-    /// A candidacy left over from an earlier campaign of this process (its write landed
-    /// after the campaign withdrew it; on redb it would live an hour) is never handed a slot:
-    /// its holder is alive but no campaign of it waits. The release deletes the record, and
-    /// the slot is free at once.
-    #[tokio::test]
-    async fn a_left_over_candidacy_of_this_process_is_never_handed_a_slot() {
-        use crate::store::{HandOver, MemStore, TtlStore};
-        let store = MemStore::new(Arc::new(crate::clock::ManualClock::default()));
-        let left_over = holder_value();
-        let lease = Duration::from_secs(20);
-        store
-            .insert_if_absent(&format!("{CANDIDATE_PREFIX}{left_over}"), &left_over, lease)
-            .await
-            .unwrap()
-            .unwrap();
-        let leader = holder_value();
-        store
-            .insert_if_absent(&slot_key(1), &leader, lease)
-            .await
-            .unwrap()
-            .unwrap();
-        let handed = store
-            .hand_over(&slot_key(1), &leader, &candidates(), lease)
-            .await
-            .unwrap();
-        assert_eq!(handed, HandOver::Deleted);
-    }
-
-    #[test]
-    fn a_stopped_or_gone_local_process_cannot_take_over_any_other_can() {
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap();
-        let holder = local_holder(child.id());
-        assert!(can_take_over(&holder), "a running process");
-        let pid = rustix::process::Pid::from_raw(i32::try_from(child.id()).unwrap()).unwrap();
-        rustix::process::kill_process(pid, rustix::process::Signal::STOP).unwrap();
-        // The state changes once the signal is delivered.
-        let stopped = (0..1000).any(|_| {
-            std::thread::sleep(Duration::from_millis(2));
-            !can_take_over(&holder)
-        });
-        assert!(stopped, "a stopped process");
-        rustix::process::kill_process(pid, rustix::process::Signal::CONT).unwrap();
-        let resumed = (0..1000).any(|_| {
-            std::thread::sleep(Duration::from_millis(2));
-            can_take_over(&holder)
-        });
-        assert!(resumed, "running again");
-        child.kill().unwrap();
-        child.wait().unwrap();
-        assert!(!can_take_over(&holder), "gone");
-        // Not ours to judge: another machine, or no pid in the value.
-        assert!(can_take_over(&format!("elsewhere/{}/1a2b/0", child.id())));
-        assert!(can_take_over("not a holder value"));
-        // A campaign of this process: left over, never handed a slot.
-        assert!(!can_take_over(&holder_value()), "this process");
     }
 }
