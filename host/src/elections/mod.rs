@@ -1,5 +1,6 @@
 //! Elections (SPEC §4): acquire, renew and release leases. The local lease deadline they
-//! move, and the tempo of `L`, are [`crate::lease`]'s.
+//! move, and the tempo of `L`, are [`crate::lease`]'s. `renewal` holds the renewal loop,
+//! `candidacy` the standing offer to be handed a lease.
 //!
 //! **[departs]** SPEC §4's `release` is a compare-and-delete, after which the next holder
 //! inserts: two durable writes between a leader's stop and its successor's start. Here a
@@ -15,23 +16,24 @@
 //! a machine that was suspended resumes with its deadlines passed, as the store's are. Timers
 //! that only pace the work (the renewal tick, retries) sleep on tokio's clock.
 
+mod candidacy;
+mod renewal;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio::time::sleep;
 use tokio_util::sync::CancellationToken;
+
+pub use candidacy::Candidacy;
 
 use crate::clock::{Clock, Timestamp};
 use crate::killer::Killer;
-use crate::lease::{
-    LeaseDeadline, RENEW_ATTEMPTS, attempt_patience, release_patience, renew_every, retry_pause,
-    valid_until,
-};
+use crate::lease::{LeaseDeadline, release_patience, valid_until};
 use crate::lease_value::{self, RunningReport, ServiceStatus};
-use crate::ops::{Ops, RenewalOutcome};
+use crate::ops::Ops;
 use crate::store::{Candidates, HandOver, Record, Store, StoreError, Term};
 
 /// Why an acquisition failed.
@@ -307,81 +309,6 @@ impl Elections {
         }
     }
 
-    /// Stands as a candidate for the leases of other holders: a record `key` with our
-    /// `holder` value that lives `ttl` and is rewritten every `ttl / 4`, which a releasing
-    /// holder may hand its lease to (see [`Elections::adopt`]). Each store call waits at most
-    /// as long as a renewal of a lease `lease` long would. It ends, and the record is deleted,
-    /// when the returned [`Candidacy`] is withdrawn. A store failure only leaves the record to
-    /// expire or be written at the next tick: standing is an offer, never required.
-    pub fn stand(
-        self: &Arc<Self>,
-        key: &str,
-        holder: &str,
-        ttl: Duration,
-        lease: Duration,
-    ) -> Candidacy {
-        let stop = CancellationToken::new();
-        let task = tokio::spawn(Arc::clone(self).keep_standing(
-            key.to_owned(),
-            holder.to_owned(),
-            (ttl, lease),
-            stop.clone(),
-        ));
-        Candidacy { stop, task }
-    }
-
-    async fn keep_standing(
-        self: Arc<Self>,
-        key: String,
-        holder: String,
-        (ttl, lease): (Duration, Duration),
-        stop: CancellationToken,
-    ) {
-        let mut written = false;
-        loop {
-            let write = async {
-                if written
-                    && self
-                        .store
-                        .compare_and_swap(&key, &holder, &holder, lease)
-                        .await?
-                {
-                    return Ok(true);
-                }
-                // Not yet written, expired, or taken by a handover: write it afresh.
-                self.store
-                    .insert_if_absent(&key, &holder, lease)
-                    .await
-                    .map(|t| t.is_some())
-            };
-            // Not cut short by the stop: a write dropped mid-way could land after the delete
-            // below and leave the candidacy standing for a campaign that is over. It is
-            // bounded by its timeout.
-            match tokio::time::timeout(attempt_patience(lease), write).await {
-                Ok(Ok(true)) => written = true,
-                Ok(Ok(false)) => written = false,
-                Ok(Err(e)) => {
-                    tracing::debug!(key, error = %e, "standing as a candidate failed");
-                }
-                Err(_) => tracing::debug!(key, "standing as a candidate timed out"),
-            }
-            if stop.is_cancelled() {
-                break;
-            }
-            tokio::select! {
-                () = stop.cancelled() => break,
-                () = sleep(renew_every(ttl)) => {}
-            }
-        }
-        // A write that timed out may still land after this delete; the record then expires
-        // (on redb only after CANDIDACY_TTL), and no host of this process hands it a slot
-        // meanwhile (`holder::can_take_over`).
-        let withdraw = self.store.compare_and_delete(&key, &holder);
-        if let Ok(Err(e)) = tokio::time::timeout(release_patience(lease), withdraw).await {
-            tracing::debug!(key, error = %e, "withdrawing the candidacy failed; it will expire");
-        }
-    }
-
     /// Releases `key`: passes the guests' deadline, deletes our record, fires *lost*, and
     /// waits for the renewal loop to end. Releasing a key this instance does not hold is a no-op.
     pub async fn release(&self, key: &str) {
@@ -476,154 +403,6 @@ impl Elections {
                 true
             }
         }
-    }
-
-    /// Swaps our record under `key` to `new`: from the value last confirmed, else from one
-    /// written since without an answer (see [`Held::values`]). `Ok(false)`: none of them is
-    /// there, the lease is lost.
-    async fn swap_ours(&self, r: &Renewal, new: &str) -> Result<bool, StoreError> {
-        let candidates = self
-            .lock()
-            .held
-            .get(&r.key)
-            .map_or_else(|| vec![r.value.clone()], |h| h.values.clone());
-        for expected in &candidates {
-            if self
-                .store
-                .compare_and_swap(&r.key, expected, new, r.lease)
-                .await?
-            {
-                return Ok(true);
-            }
-        }
-        Ok(false)
-    }
-
-    /// The renewal loop of one lease (SPEC §4).
-    async fn renew(self: Arc<Self>, mut r: Renewal) {
-        let interval = renew_every(r.lease);
-        let retry = retry_pause(r.lease);
-        loop {
-            let next = r.last_start.after(interval);
-            let until_next = next.left_from(self.clock.now()).unwrap_or_default();
-            Ops::global().health().step_due_in(until_next, r.lease);
-            tokio::select! {
-                () = r.stop.cancelled() => return,
-                () = sleep(until_next) => {}
-            }
-            let mut attempt = 1;
-            loop {
-                let cas_start = self.clock.now();
-                Ops::global()
-                    .health()
-                    .step_due_in(attempt_patience(r.lease), r.lease);
-                // Each attempt waits at most L/10: three of them end (lost, at worst) well
-                // before the killer's 0.8·L. A write given up on may still land; only an answer
-                // moves the deadline.
-                // The services running now ride along with the renewal (`lease_value`).
-                let new = lease_value::encode(&r.holder, &r.running.borrow_and_update());
-                if new != r.value
-                    && let Some(held) = self.lock().held.get_mut(&r.key)
-                    && !held.values.contains(&new)
-                {
-                    // Written from now on, answered or not: a release must try it too.
-                    held.values.push(new.clone());
-                }
-                let cas = tokio::time::timeout(attempt_patience(r.lease), self.swap_ours(&r, &new));
-                let outcome = tokio::select! {
-                    () = r.stop.cancelled() => return,
-                    outcome = cas => outcome.unwrap_or_else(|_| Err(StoreError::transient(
-                        format!("renew {}", r.key),
-                        "no answer within L/10",
-                    ))),
-                };
-                let took = self
-                    .clock
-                    .now()
-                    .since_boot
-                    .saturating_sub(cas_start.since_boot);
-                Ops::global().renewal(RenewalOutcome::of(&outcome), took);
-                match outcome {
-                    Ok(true) => {
-                        let until = valid_until(cas_start, r.lease);
-                        // Only a successful write moves the deadlines later; the killer keeps
-                        // the earliest deadline of every lease held.
-                        r.deadline.send_replace(until);
-                        {
-                            let mut state = self.lock();
-                            if let Some(held) = state.held.get_mut(&r.key) {
-                                held.written_until = until;
-                                held.values = vec![new.clone()];
-                            }
-                            if let Some(earliest) = state.killer_deadline() {
-                                self.killer.arm(earliest);
-                            }
-                        }
-                        r.last_start = cas_start;
-                        r.value = new;
-                        let took_us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
-                        tracing::debug!(key = r.key, took_us, "renewed");
-                        break;
-                    }
-                    Ok(false) => {
-                        tracing::warn!(key = r.key, "lost: the record changed or expired");
-                        return self.give_up(&r);
-                    }
-                    Err(e) if attempt < RENEW_ATTEMPTS => {
-                        tracing::warn!(key = r.key, attempt, error = %e, "renewal failed, retrying");
-                        attempt += 1;
-                        Ops::global().health().step_due_in(retry, r.lease);
-                        tokio::select! {
-                            () = r.stop.cancelled() => return,
-                            () = sleep(retry) => {}
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(key = r.key, attempt, error = %e, "lost: renewal failed");
-                        return self.give_up(&r);
-                    }
-                }
-            }
-        }
-    }
-
-    /// Ends a lease from inside its renewal loop: the guests' deadline becomes *now*, so no
-    /// guest effect happens from the moment the loss is known; then fire *lost* and stop
-    /// renewing. The killer keeps its deadline (last successful write + 0.8·L): the shutdown
-    /// sequence runs meanwhile.
-    ///
-    /// The record is deliberately left in place: the services of this lease may still be
-    /// running (a guest can ignore the stop request), and deleting it now would let another
-    /// host take the slot while they do. The owner deletes it with [`Elections::release`] or
-    /// [`Elections::cleanup`] once its services are stopped; failing that it expires at
-    /// `last write + L`, after the killer's `+ 0.8·L`.
-    fn give_up(&self, r: &Renewal) {
-        r.deadline.send_replace(self.clock.now());
-        r.lost.cancel();
-        // No renewal step is due any more: the shutdown sequence (grace period) is not a wedge.
-        Ops::global().health().idle();
-    }
-}
-
-/// A standing offer to take leases over ([`Elections::stand`]). Dropping it stops the offer
-/// in the background; [`Candidacy::withdraw`] waits until its record is deleted.
-pub struct Candidacy {
-    stop: CancellationToken,
-    task: JoinHandle<()>,
-}
-
-impl Candidacy {
-    /// Stops standing and deletes the candidacy record (bounded by `L/4`).
-    pub async fn withdraw(mut self) {
-        self.stop.cancel();
-        // Never panics on its own; an abort is not ours to report.
-        let _ = (&mut self.task).await;
-    }
-}
-
-impl Drop for Candidacy {
-    fn drop(&mut self) {
-        self.stop.cancel();
     }
 }
 
