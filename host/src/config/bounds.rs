@@ -1,0 +1,138 @@
+//! Every bound of a setting (SPEC §8: no setting can make the host panic or hang), and the
+//! check of the settings against them ([`validate`]), which names the setting and the bound.
+
+use std::time::Duration;
+
+use super::error::ConfigError;
+
+/// The wait before a failed service's first restart; each failure in a row doubles it.
+pub const RESTART_BACKOFF_INITIAL: Duration = Duration::from_millis(100);
+/// The longest `restart-backoff-max`: a service is never left down for longer than this
+/// between two tries.
+pub const MAX_RESTART_BACKOFF_MAX: Duration = Duration::from_hours(1);
+
+/// The shortest lease: renewal runs every `L/4` and retries `L/20` apart.
+pub const MIN_LEASE: Duration = Duration::from_millis(100);
+/// The longest lease: a crashed leader's slot stays taken this long. Past a day a lease only
+/// hides a dead host; it also keeps every deadline far from any clock's limits.
+pub const MAX_LEASE: Duration = Duration::from_hours(24);
+/// The longest acquisition timeout: 30 days (the shortest is [`MIN_LEASE`]).
+pub const MAX_ACQUISITION_TIMEOUT: Duration = Duration::from_hours(720);
+/// The longest grace period: the lease's record and the killer wait for it on shutdown.
+pub const MAX_GRACE_PERIOD: Duration = Duration::from_hours(1);
+/// The largest memory cap per instance: all a 32-bit Wasm memory can address.
+pub const MAX_MEMORY_LIMIT_MIB: u64 = 4096;
+/// The smallest handle limit: a guest needs a few handles for its output and its waits.
+pub const MIN_HANDLE_LIMIT: u32 = 16;
+/// The largest handle limit: wasmtime's own bound on the handles a store's guest holds.
+pub const MAX_HANDLE_LIMIT: u32 = 100_000;
+/// The largest cluster size: every standby tries every slot each round.
+pub const MAX_CLUSTER_SIZE: u32 = 1024;
+
+/// The values [`validate`] bounds.
+#[derive(Clone, Copy, Debug)]
+pub struct Bounded {
+    /// Cluster size N.
+    pub cluster_size: u32,
+    /// Lease duration L.
+    pub lease: Duration,
+    /// Acquisition timeout.
+    pub acquisition_timeout: Duration,
+    /// Grace period.
+    pub grace_period: Duration,
+    /// Memory cap per instance, MiB.
+    pub memory_limit_mib: u64,
+    /// Handle limit per instance.
+    pub handle_limit: u32,
+    /// The longest wait between restarts.
+    pub restart_backoff_max: Duration,
+}
+
+/// Checks every bounded setting and the relations between settings that each parse fine
+/// alone.
+///
+/// # Errors
+/// Naming the setting and the bound it breaks.
+pub fn validate(v: &Bounded) -> Result<(), ConfigError> {
+    let invalid = |name: &'static str, reason: String| Err(ConfigError::Invalid { name, reason });
+    if v.cluster_size == 0 || v.cluster_size > MAX_CLUSTER_SIZE {
+        return invalid(
+            "cluster-size",
+            format!("{} is out of range 1..={MAX_CLUSTER_SIZE}", v.cluster_size),
+        );
+    }
+    let durations = [
+        ("lease", v.lease, MIN_LEASE, MAX_LEASE),
+        (
+            "acquisition-timeout",
+            v.acquisition_timeout,
+            MIN_LEASE,
+            MAX_ACQUISITION_TIMEOUT,
+        ),
+        (
+            "grace-period",
+            v.grace_period,
+            Duration::ZERO,
+            MAX_GRACE_PERIOD,
+        ),
+    ];
+    for (name, value, min, max) in durations {
+        if value < min {
+            return invalid(
+                name,
+                format!("{} is too short; at least {}", show(value), show(min)),
+            );
+        }
+        if value > max {
+            return invalid(
+                name,
+                format!("{} is too long; at most {}", show(value), show(max)),
+            );
+        }
+    }
+    check_restart_backoff_max(v.restart_backoff_max)
+        .or_else(|reason| invalid("restart-backoff-max", reason))?;
+    if v.memory_limit_mib == 0 || v.memory_limit_mib > MAX_MEMORY_LIMIT_MIB {
+        return invalid(
+            "memory-limit-mib",
+            format!(
+                "{} is out of range 1..={MAX_MEMORY_LIMIT_MIB}",
+                v.memory_limit_mib
+            ),
+        );
+    }
+    if !(MIN_HANDLE_LIMIT..=MAX_HANDLE_LIMIT).contains(&v.handle_limit) {
+        return invalid(
+            "handle-limit",
+            format!(
+                "{} is out of range {MIN_HANDLE_LIMIT}..={MAX_HANDLE_LIMIT}",
+                v.handle_limit
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// Whether `max` can be a restart backoff's cap: no shorter than the first wait, no longer
+/// than [`MAX_RESTART_BACKOFF_MAX`].
+pub(super) fn check_restart_backoff_max(max: Duration) -> Result<(), String> {
+    if max < RESTART_BACKOFF_INITIAL {
+        return Err(format!(
+            "{} is too short; at least {} (the first restart's wait)",
+            show(max),
+            show(RESTART_BACKOFF_INITIAL)
+        ));
+    }
+    if max > MAX_RESTART_BACKOFF_MAX {
+        return Err(format!(
+            "{} is too long; at most {}",
+            show(max),
+            show(MAX_RESTART_BACKOFF_MAX)
+        ));
+    }
+    Ok(())
+}
+
+fn show(d: Duration) -> humantime::FormattedDuration {
+    humantime::format_duration(d)
+}

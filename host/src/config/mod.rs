@@ -1,0 +1,346 @@
+//! Settings (SPEC §8): every default is a flag, an environment variable and a `vvm.toml` key.
+//!
+//! This module owns every default (`DEFAULT_*`) and the resolution of [`Settings`]; `bounds`
+//! every bound (`MIN_*`, `MAX_*`) and their check, `service` the `[service.NAME]` table,
+//! `parse` the text forms, `error` the [`ConfigError`]. Precedence: command-line flag, then
+//! environment variable (both via clap, in `cli`, which hands them over as a [`FileConfig`]
+//! layer), then the configuration file, then the built-in default.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+mod bounds;
+mod error;
+mod parse;
+mod service;
+
+pub use bounds::{
+    Bounded, MAX_ACQUISITION_TIMEOUT, MAX_CLUSTER_SIZE, MAX_GRACE_PERIOD, MAX_HANDLE_LIMIT,
+    MAX_LEASE, MAX_MEMORY_LIMIT_MIB, MAX_RESTART_BACKOFF_MAX, MIN_HANDLE_LIMIT, MIN_LEASE,
+    RESTART_BACKOFF_INITIAL, validate,
+};
+pub use error::ConfigError;
+use parse::{opt_addr, opt_duration};
+pub use parse::{parse_duration, parse_metrics_addr};
+pub use service::{GrantConfig, HAND_OVER_MEMORY, OnFailure};
+
+use crate::fs::{MAX_SETTINGS_FILE_BYTES, read_file};
+use bounds::check_restart_backoff_max;
+
+/// The configuration file read when `--config` is not given and the file exists.
+pub const DEFAULT_CONFIG_FILE: &str = "vvm.toml";
+
+/// The `vvm.toml` file: every key optional; unknown keys are an error. The flags and the
+/// environment come as a layer of the same shape, over the file's.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct FileConfig {
+    /// Directory of `*.wasm` services.
+    pub services: Option<PathBuf>,
+    /// Store: a redb file path, or `etcd://host:port[,host:port...]`.
+    pub store: Option<String>,
+    /// Cluster size N (slots 1..=N).
+    pub cluster_size: Option<u32>,
+    /// Lease duration L, e.g. `"10s"`.
+    #[serde(default, with = "opt_duration")]
+    pub lease: Option<Duration>,
+    /// How long to campaign before giving up, e.g. `"5m"`.
+    #[serde(default, with = "opt_duration")]
+    pub acquisition_timeout: Option<Duration>,
+    /// How long a stopping service may take before its instance is dropped, e.g. `"2s"`.
+    #[serde(default, with = "opt_duration")]
+    pub grace_period: Option<Duration>,
+    /// Memory cap per service instance, in MiB.
+    pub memory_limit_mib: Option<u64>,
+    /// The most handles (open files, sockets, streams, timers) one service instance may
+    /// hold at once.
+    pub handle_limit: Option<u32>,
+    /// Directory of the compiled-component cache.
+    pub cache_dir: Option<PathBuf>,
+    /// Address of the operations endpoint (`/healthz`, `/leader`, `/metrics`), e.g.
+    /// `"127.0.0.1:9464"`; off when absent.
+    #[serde(default, with = "opt_addr")]
+    pub metrics_addr: Option<SocketAddr>,
+    /// Directory of the crash locks, shared by the hosts of one machine (see
+    /// [`crate::holder::crash_lock`]). Default: `<store>.holders` beside a redb store; none for etcd,
+    /// where it is worth setting when several hosts share a machine.
+    pub lock_dir: Option<PathBuf>,
+    /// How services are placed on the hosts: `together` (default) or `spread`.
+    pub placement: Option<Placement>,
+    /// The longest wait between restarts of a failing service, e.g. `"5m"`.
+    #[serde(default, with = "opt_duration")]
+    pub restart_backoff_max: Option<Duration>,
+    /// etcd client options.
+    pub etcd: Option<EtcdFileConfig>,
+    /// Per-service grants, keyed by service name (the `.wasm` file stem).
+    #[serde(default)]
+    pub service: BTreeMap<String, GrantConfig>,
+}
+
+/// `[etcd]`: credentials and TLS for the etcd store.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct EtcdFileConfig {
+    /// User name for etcd authentication.
+    pub user: Option<String>,
+    /// Password for etcd authentication.
+    pub password: Option<String>,
+    /// CA certificate (PEM) to verify the cluster with; enables TLS.
+    pub ca: Option<PathBuf>,
+    /// Client certificate (PEM) for mutual TLS.
+    pub cert: Option<PathBuf>,
+    /// Client key (PEM) for mutual TLS.
+    pub key: Option<PathBuf>,
+    /// Key prefix for every record vvm-host writes.
+    pub prefix: Option<String>,
+}
+
+/// How services are placed on the hosts of a group.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Placement {
+    /// A leader on a slot runs every service; the other hosts stand by.
+    #[default]
+    Together,
+    /// Each service is claimed on its own (`service/<name>`); hosts keep a membership record
+    /// and claim their fair share, so the services spread over every host.
+    Spread,
+}
+
+impl std::fmt::Display for Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Together => "together",
+            Self::Spread => "spread",
+        })
+    }
+}
+
+impl FileConfig {
+    /// Reads `path`; with `explicit == false` a missing file is an empty configuration.
+    ///
+    /// # Errors
+    /// When the file cannot be read or parsed.
+    pub fn load(path: &Path, explicit: bool) -> Result<Self, ConfigError> {
+        let read_error = |source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        };
+        let bytes = match read_file(path, MAX_SETTINGS_FILE_BYTES) {
+            Ok(bytes) => bytes,
+            Err(e) if !explicit && e.is_not_found() => return Ok(Self::default()),
+            Err(e) => return Err(read_error(e)),
+        };
+        let text = String::from_utf8(bytes).map_err(|e| {
+            read_error(std::io::Error::new(std::io::ErrorKind::InvalidData, e).into())
+        })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            message: e.to_string().trim_end().replace('\n', " "),
+        })
+    }
+}
+
+/// The default lease duration `L`.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(20);
+/// The default acquisition timeout.
+pub const DEFAULT_ACQUISITION_TIMEOUT: Duration = Duration::from_mins(2);
+/// The default grace period of a stopping service.
+pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(5);
+/// The default longest wait between restarts of a failing service (Kubernetes' cap).
+pub const DEFAULT_RESTART_BACKOFF_MAX: Duration = Duration::from_mins(5);
+/// A run at least this long is clean: the next failure waits [`RESTART_BACKOFF_INITIAL`]
+/// again.
+pub const RESTART_RESET_AFTER: Duration = Duration::from_mins(1);
+/// The default memory cap per instance, MiB.
+pub const DEFAULT_MEMORY_LIMIT_MIB: u64 = 64;
+/// The default handle limit per instance.
+pub const DEFAULT_HANDLE_LIMIT: u32 = 4096;
+/// The default cluster size.
+pub const DEFAULT_CLUSTER_SIZE: u32 = 1;
+/// The default store: a redb file in the working directory.
+pub const DEFAULT_STORE: &str = "vvm.redb";
+/// The default services directory.
+pub const DEFAULT_SERVICES_DIR: &str = "services";
+/// The compile cache's directory inside the services directory, its default place.
+pub const CACHE_DIR_NAME: &str = ".cache";
+
+/// The default compile cache directory of the services in `services`.
+pub fn default_cache_dir(services: &Path) -> PathBuf {
+    services.join(CACHE_DIR_NAME)
+}
+
+/// The default crash lock directory of `store`: `<store>.holders` beside a redb file; none for
+/// etcd, whose hosts may be on other machines (a lock only tells about this machine).
+pub fn default_lock_dir(store: &str) -> Option<PathBuf> {
+    (!store.starts_with("etcd://"))
+        .then(|| crate::holder::crash_lock::HolderLockDir::beside(Path::new(store)))
+}
+
+/// `mib` MiB in bytes (saturating; [`MAX_MEMORY_LIMIT_MIB`] bounds the settings).
+pub fn mib_to_bytes(mib: u64) -> u64 {
+    mib.saturating_mul(1 << 20)
+}
+
+/// Settings after flags, environment, file and defaults are merged, and validated.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Store location: a redb file path, or `etcd://host:port[,host:port...]`.
+    pub store: String,
+    /// etcd options from flags and file.
+    pub etcd: EtcdFileConfig,
+    /// Cluster size N.
+    pub cluster_size: u32,
+    /// Services directory.
+    pub services: PathBuf,
+    /// Lease duration L.
+    pub lease: Duration,
+    /// Acquisition timeout.
+    pub acquisition_timeout: Duration,
+    /// Grace period for stopping services.
+    pub grace_period: Duration,
+    /// Memory cap per instance, bytes.
+    pub memory_limit: u64,
+    /// The most handles one instance may hold at once.
+    pub handle_limit: u32,
+    /// Compiled-component cache directory.
+    pub cache_dir: PathBuf,
+    /// Per-service grants, as the file wrote them (`RuntimeConfig` parses them).
+    pub grants: BTreeMap<String, GrantConfig>,
+    /// Address of the operations endpoint, if it is on.
+    pub metrics_addr: Option<SocketAddr>,
+    /// Directory of the crash locks, if there is one.
+    pub lock_dir: Option<PathBuf>,
+    /// How services are placed on the hosts.
+    pub placement: Placement,
+    /// The longest wait between restarts of a failing service (per service: its grant).
+    pub restart_backoff_max: Duration,
+}
+
+impl Settings {
+    /// What the store needs of these settings ([`crate::store::open`]).
+    pub fn store_settings(&self) -> crate::store::StoreSettings {
+        let etcd = &self.etcd;
+        let tls = (etcd.ca.is_some() || etcd.cert.is_some() || etcd.key.is_some()).then(|| {
+            crate::store::EtcdTls {
+                ca: etcd.ca.clone(),
+                cert: etcd.cert.clone(),
+                key: etcd.key.clone(),
+            }
+        });
+        crate::store::StoreSettings {
+            location: self.store.clone(),
+            user: etcd.user.clone(),
+            password: etcd.password.clone(),
+            tls,
+            prefix: etcd.prefix.clone(),
+            // Lock waits bounded well inside the renewal's retries (SPEC §8).
+            lock_patience: crate::lease::attempt_patience(self.lease)
+                .clamp(Duration::from_millis(10), Duration::from_secs(2)),
+        }
+    }
+
+    /// Merges `flags` (flags and environment; its `service` grants are ignored: grants are
+    /// set in the file only) over the configuration file over the defaults, and validates the
+    /// result. The file is `config_file`, which must exist, or else [`DEFAULT_CONFIG_FILE`]
+    /// if it exists.
+    ///
+    /// # Errors
+    /// When the file cannot be read or a value cannot work.
+    pub fn resolve(flags: FileConfig, config_file: Option<&Path>) -> Result<Self, ConfigError> {
+        let file = match config_file {
+            Some(path) => FileConfig::load(path, true)?,
+            None => FileConfig::load(DEFAULT_CONFIG_FILE.as_ref(), false)?,
+        };
+        let etcd_flags = flags.etcd.unwrap_or_default();
+        let etcd_file = file.etcd.unwrap_or_default();
+        let services = flags
+            .services
+            .or(file.services)
+            .unwrap_or_else(|| DEFAULT_SERVICES_DIR.into());
+        let memory_limit_mib = flags
+            .memory_limit_mib
+            .or(file.memory_limit_mib)
+            .unwrap_or(DEFAULT_MEMORY_LIMIT_MIB);
+        let store = flags
+            .store
+            .or(file.store)
+            .unwrap_or_else(|| DEFAULT_STORE.into());
+        if store.trim().is_empty() {
+            return Err(ConfigError::Invalid {
+                name: "store",
+                reason: "is empty: give a redb file path or etcd://host:port".to_owned(),
+            });
+        }
+        let settings = Self {
+            lock_dir: flags
+                .lock_dir
+                .or(file.lock_dir)
+                .or_else(|| default_lock_dir(&store)),
+            store,
+            etcd: EtcdFileConfig {
+                user: etcd_flags.user.or(etcd_file.user),
+                password: etcd_flags.password.or(etcd_file.password),
+                ca: etcd_flags.ca.or(etcd_file.ca),
+                cert: etcd_flags.cert.or(etcd_file.cert),
+                key: etcd_flags.key.or(etcd_file.key),
+                prefix: etcd_flags.prefix.or(etcd_file.prefix),
+            },
+            cluster_size: flags
+                .cluster_size
+                .or(file.cluster_size)
+                .unwrap_or(DEFAULT_CLUSTER_SIZE),
+            lease: flags.lease.or(file.lease).unwrap_or(DEFAULT_LEASE),
+            acquisition_timeout: flags
+                .acquisition_timeout
+                .or(file.acquisition_timeout)
+                .unwrap_or(DEFAULT_ACQUISITION_TIMEOUT),
+            grace_period: flags
+                .grace_period
+                .or(file.grace_period)
+                .unwrap_or(DEFAULT_GRACE_PERIOD),
+            memory_limit: mib_to_bytes(memory_limit_mib),
+            handle_limit: flags
+                .handle_limit
+                .or(file.handle_limit)
+                .unwrap_or(DEFAULT_HANDLE_LIMIT),
+            cache_dir: flags
+                .cache_dir
+                .or(file.cache_dir)
+                .unwrap_or_else(|| default_cache_dir(&services)),
+            metrics_addr: flags.metrics_addr.or(file.metrics_addr),
+            placement: flags.placement.or(file.placement).unwrap_or_default(),
+            restart_backoff_max: flags
+                .restart_backoff_max
+                .or(file.restart_backoff_max)
+                .unwrap_or(DEFAULT_RESTART_BACKOFF_MAX),
+            services,
+            grants: file.service,
+        };
+        validate(&Bounded {
+            cluster_size: settings.cluster_size,
+            lease: settings.lease,
+            acquisition_timeout: settings.acquisition_timeout,
+            grace_period: settings.grace_period,
+            memory_limit_mib,
+            handle_limit: settings.handle_limit,
+            restart_backoff_max: settings.restart_backoff_max,
+        })?;
+        for (name, grant) in &settings.grants {
+            if let Some(max) = grant.restart_backoff_max {
+                check_restart_backoff_max(max).map_err(|reason| ConfigError::Invalid {
+                    name: "service.*.restart-backoff-max",
+                    reason: format!("service {name}: {reason}"),
+                })?;
+            }
+        }
+        Ok(settings)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,58 @@
+//! The text forms of settings: durations (`20s`, `1500ms`), addresses, and their serde glue
+//! for `vvm.toml`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// Parses a duration such as `20s`, `1500ms` or `2m`; zero and negative values are rejected.
+///
+/// # Errors
+/// A message saying what is wrong with `text`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if text.starts_with('-') {
+        return Err(format!("{text:?} is negative; durations must be positive"));
+    }
+    let d = humantime::parse_duration(text).map_err(|e| format!("{text:?}: {e}"))?;
+    if d.is_zero() {
+        return Err(format!("{text:?} is zero; durations must be positive"));
+    }
+    Ok(d)
+}
+
+/// Parses the operations endpoint's address, `IP:PORT` (port 0: any free port).
+///
+/// # Errors
+/// A message naming the setting and what is wrong with `text`.
+pub fn parse_metrics_addr(text: &str) -> Result<SocketAddr, String> {
+    let text = text.trim();
+    text.parse().map_err(|_| {
+        format!("metrics-addr {text:?} is not an IP:PORT address such as 127.0.0.1:9464")
+    })
+}
+
+pub(super) mod opt_addr {
+    use std::net::SocketAddr;
+
+    use serde::{Deserialize, Deserializer};
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
+        let text = String::deserialize(d)?;
+        super::parse_metrics_addr(&text)
+            .map(Some)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+pub(super) mod opt_duration {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer};
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        let text = String::deserialize(d)?;
+        super::parse_duration(&text)
+            .map(Some)
+            .map_err(serde::de::Error::custom)
+    }
+}

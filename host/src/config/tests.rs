@@ -1,0 +1,200 @@
+//! The settings: parsing, resolution and bounds.
+
+use super::*;
+
+fn parse(text: &str) -> Result<FileConfig, ConfigError> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vvm.toml");
+    std::fs::write(&path, text).unwrap();
+    FileConfig::load(&path, true)
+}
+
+#[test]
+fn the_crash_lock_directory_is_beside_a_redb_store_and_off_for_etcd_unless_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("vvm.toml");
+    std::fs::write(&file, "").unwrap();
+    let resolve = |store: &str, lock_dir: Option<&str>| {
+        let flags = FileConfig {
+            store: Some(store.into()),
+            lock_dir: lock_dir.map(PathBuf::from),
+            ..FileConfig::default()
+        };
+        Settings::resolve(flags, Some(&file)).unwrap().lock_dir
+    };
+    assert_eq!(
+        resolve("/srv/vvm.redb", None),
+        Some(PathBuf::from("/srv/vvm.redb.holders"))
+    );
+    assert_eq!(resolve("etcd://127.0.0.1:2379", None), None);
+    assert_eq!(
+        resolve("etcd://127.0.0.1:2379", Some("/run/vvm")),
+        Some(PathBuf::from("/run/vvm"))
+    );
+    std::fs::write(&file, "lock-dir = \"/run/vvm-file\"\n").unwrap();
+    assert_eq!(
+        resolve("etcd://127.0.0.1:2379", None),
+        Some(PathBuf::from("/run/vvm-file"))
+    );
+}
+
+#[test]
+fn full_file_parses() {
+    let cfg = parse(
+        r#"
+services = "svc"
+store = "etcd://127.0.0.1:2379"
+cluster-size = 3
+lease = "2s"
+acquisition-timeout = "1m"
+grace-period = "500ms"
+memory-limit-mib = 32
+metrics-addr = "127.0.0.1:9464"
+[service.ticker]
+env = ["A=1"]
+"#,
+    )
+    .unwrap();
+    assert_eq!(cfg.cluster_size, Some(3));
+    assert_eq!(cfg.lease, Some(Duration::from_secs(2)));
+    assert_eq!(cfg.acquisition_timeout, Some(Duration::from_mins(1)));
+    assert_eq!(cfg.grace_period, Some(Duration::from_millis(500)));
+    assert_eq!(cfg.service["ticker"].env, ["A=1"]);
+    assert_eq!(cfg.metrics_addr, Some(([127, 0, 0, 1], 9464).into()));
+    let err = parse("metrics-addr = \"localhost\"")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("metrics-addr \"localhost\" is not"), "{err}");
+}
+
+#[test]
+fn unknown_key_is_named() {
+    let err = parse("leese = \"2s\"").unwrap_err().to_string();
+    assert!(err.contains("unknown field `leese`"), "{err}");
+    assert!(err.contains("vvm.toml"), "{err}");
+}
+
+#[test]
+fn negative_and_zero_durations_are_rejected() {
+    let err = parse("lease = \"-5s\"").unwrap_err().to_string();
+    assert!(err.contains("negative"), "{err}");
+    assert!(parse_duration("0s").unwrap_err().contains("zero"));
+    assert!(parse_duration("soon").is_err());
+}
+
+#[test]
+fn missing_default_file_is_empty_but_missing_explicit_file_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("absent.toml");
+    assert!(FileConfig::load(&path, false).unwrap().store.is_none());
+    let err = FileConfig::load(&path, true).unwrap_err().to_string();
+    assert!(err.contains("absent.toml"), "{err}");
+}
+
+#[test]
+fn placement_names_parse_from_the_file() {
+    #[derive(serde::Deserialize)]
+    struct File {
+        placement: Placement,
+    }
+    let f: File = toml::from_str("placement = \"spread\"").unwrap();
+    assert_eq!(f.placement, Placement::Spread);
+    assert!(toml::from_str::<File>("placement = \"apart\"").is_err());
+    assert_eq!(Placement::default().to_string(), "together");
+}
+
+fn bounded(lease: Duration) -> Bounded {
+    Bounded {
+        cluster_size: 1,
+        lease,
+        acquisition_timeout: DEFAULT_ACQUISITION_TIMEOUT,
+        grace_period: DEFAULT_GRACE_PERIOD,
+        memory_limit_mib: DEFAULT_MEMORY_LIMIT_MIB,
+        handle_limit: DEFAULT_HANDLE_LIMIT,
+        restart_backoff_max: DEFAULT_RESTART_BACKOFF_MAX,
+    }
+}
+
+#[test]
+fn relations_and_bounds_are_checked() {
+    let ok = bounded(DEFAULT_LEASE);
+    assert!(validate(&ok).is_ok());
+    assert!(validate(&bounded(Duration::from_millis(10))).is_err());
+    let cases = [
+        (
+            "cluster-size",
+            Bounded {
+                cluster_size: 0,
+                ..ok
+            },
+        ),
+        (
+            "cluster-size",
+            Bounded {
+                cluster_size: MAX_CLUSTER_SIZE + 1,
+                ..ok
+            },
+        ),
+        ("lease", bounded(MAX_LEASE + Duration::from_secs(1))),
+        (
+            "acquisition-timeout",
+            Bounded {
+                acquisition_timeout: Duration::MAX,
+                ..ok
+            },
+        ),
+        (
+            "grace-period",
+            Bounded {
+                grace_period: Duration::MAX,
+                ..ok
+            },
+        ),
+        (
+            "memory-limit-mib",
+            Bounded {
+                memory_limit_mib: 0,
+                ..ok
+            },
+        ),
+        (
+            "memory-limit-mib",
+            Bounded {
+                memory_limit_mib: u64::MAX,
+                ..ok
+            },
+        ),
+        (
+            "handle-limit",
+            Bounded {
+                handle_limit: MIN_HANDLE_LIMIT - 1,
+                ..ok
+            },
+        ),
+        (
+            "handle-limit",
+            Bounded {
+                handle_limit: MAX_HANDLE_LIMIT + 1,
+                ..ok
+            },
+        ),
+        (
+            "restart-backoff-max",
+            Bounded {
+                restart_backoff_max: Duration::from_millis(99),
+                ..ok
+            },
+        ),
+        (
+            "restart-backoff-max",
+            Bounded {
+                restart_backoff_max: Duration::MAX,
+                ..ok
+            },
+        ),
+    ];
+    for (name, v) in cases {
+        let err = validate(&v).unwrap_err().to_string();
+        assert!(err.contains(name), "{v:?}: {err}");
+    }
+}
