@@ -1,0 +1,161 @@
+//! A host's fair share under spread placement: join the group (membership record, wake-up),
+//! then claim free services up to the share and hand the surplus over.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
+
+use super::{Member, Phase};
+use crate::keys::{ANNOUNCE_PREFIX, MEMBER_PREFIX, SERVICE_PREFIX};
+use crate::lease::attempt_patience;
+
+use crate::store::{Record, Store, StoreError};
+
+impl Member {
+    /// Writes our membership record unless the last renewal found it.
+    pub(super) async fn join_if_needed(&mut self) {
+        if self.record_known {
+            return;
+        }
+        let lease = self.lease();
+        let insert = self
+            .s
+            .store
+            .insert_if_absent(&self.record_key, self.holder(), lease);
+        match tokio::time::timeout(attempt_patience(lease), insert).await {
+            // Holder values are unique: a live record under our key is ours.
+            Ok(Ok(inserted)) => {
+                self.record_known = true;
+                tracing::info!(member = self.record_key, "joined");
+                if inserted.is_some() {
+                    announce(&*self.s.store, self.holder(), lease).await;
+                }
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "joining failed; will retry"),
+            Err(_) => tracing::warn!("joining timed out; will retry"),
+        }
+    }
+
+    /// Looks at the members and claims, then hands over surplus or claims free services.
+    pub(super) async fn balance(&mut self) {
+        self.join_if_needed().await;
+        let Some((members, records)) = look(&*self.s.store, self.lease()).await else {
+            return;
+        };
+        let names = self.s.services.names();
+        let mut held_by: HashMap<&str, usize> = HashMap::new();
+        for (_, r) in &records {
+            *held_by.entry(r.value.as_str()).or_default() += 1;
+        }
+        let counts: Vec<(String, usize)> = members
+            .iter()
+            .map(|(_, r)| {
+                let n = held_by.get(r.value.as_str()).copied().unwrap_or(0);
+                (r.value.clone(), n)
+            })
+            .collect();
+        let share = crate::placement::fair_share(names.len(), &counts, self.holder());
+        let running: Vec<String> = self
+            .claims
+            .iter()
+            .filter(|(_, c)| matches!(c.phase, Phase::Running { .. }))
+            .map(|(n, _)| n.clone())
+            .collect();
+        // Gone from the directory: its service has stopped already; give the claim back.
+        let known: BTreeSet<&String> = names.iter().collect();
+        for name in running.iter().filter(|n| !known.contains(n)) {
+            tracing::info!(service = name, "releasing the claim of a removed service");
+            self.begin_stop(name);
+        }
+        let mut running: Vec<String> = running.into_iter().filter(|n| known.contains(n)).collect();
+        if running.len() > share {
+            // Surplus: the last ones by name (every host agrees on nothing here; any choice works).
+            for name in running.split_off(share) {
+                tracing::info!(service = name, share, "handing over");
+                self.begin_stop(&name);
+            }
+            self.log_running();
+        }
+        let claimed: HashMap<&str, &Record> = records
+            .iter()
+            .filter_map(|(k, r)| Some((k.strip_prefix(SERVICE_PREFIX)?, r)))
+            .collect();
+        let mut room = share.saturating_sub(running.len());
+        // Whatever another holder stops renewing (a host that died) is looked at again the
+        // moment it expires, not at our next renewal.
+        let next_expiry = records
+            .iter()
+            .chain(members.iter())
+            .filter(|(_, r)| r.value != self.holder())
+            .map(|(_, r)| r.time_left + Duration::from_millis(1))
+            .min();
+        self.next_expiry = next_expiry;
+        if room == 0 {
+            return;
+        }
+        // Start at a place of our own in the list, so hosts joining together try different
+        // services first.
+        let offset = self.holder().bytes().map(usize::from).sum::<usize>() % names.len().max(1);
+        let free: Vec<&String> = names
+            .iter()
+            .cycle()
+            .skip(offset)
+            .take(names.len())
+            .filter(|n| {
+                !claimed.contains_key(n.as_str())
+                    && !self.claims.contains_key(*n)
+                    && !self.cooldown.contains_key(*n)
+            })
+            .collect();
+        let mut changed = false;
+        for name in free {
+            if room == 0 {
+                break;
+            }
+            if self.claim(name).await {
+                room -= 1;
+                changed = true;
+            }
+        }
+        if changed {
+            self.log_running();
+        }
+    }
+}
+
+/// Wakes the other hosts now rather than at their next renewal, so they see a new member
+/// and hand over at once: a record written and deleted straight away is a release every
+/// waiting host hears ([`crate::store::TtlStore::wait_released`]; its spurious wake-ups are
+/// allowed, so nothing else minds). Best effort: failing that, they see it within `L/4`.
+async fn announce(store: &dyn Store, holder: &str, lease: Duration) {
+    let key = format!("{ANNOUNCE_PREFIX}{holder}");
+    let announce = async {
+        store.insert_if_absent(&key, holder, lease).await?;
+        store.compare_and_delete(&key, holder).await
+    };
+    if let Ok(Err(e)) = tokio::time::timeout(attempt_patience(lease), announce).await {
+        tracing::debug!(error = %e, "announcing the join failed; the others see it at their next renewal");
+    }
+}
+
+/// The live membership and claim records, or `None` (logged) if the store failed.
+async fn look(
+    store: &dyn Store,
+    lease: Duration,
+) -> Option<(Vec<(String, Record)>, Vec<(String, Record)>)> {
+    let look = async {
+        let members = store.list(MEMBER_PREFIX).await?;
+        let claims = store.list(SERVICE_PREFIX).await?;
+        Ok::<_, StoreError>((members, claims))
+    };
+    match tokio::time::timeout(attempt_patience(lease), look).await {
+        Ok(Ok(looked)) => Some(looked),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "looking at the claims failed; will retry");
+            None
+        }
+        Err(_) => {
+            tracing::warn!("looking at the claims timed out; will retry");
+            None
+        }
+    }
+}
