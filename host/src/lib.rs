@@ -3,7 +3,8 @@
 //! The crate is laid out one module per concept of the specification:
 //!
 //! - [`cli`]: the clap types and dispatch of `vvm-host serve`, `status` and `check`.
-//! - [`serve`]: the serve loop: lead, stand by, campaign again after a problem, until stopped.
+//! - [`server`]: the process's loop: lead, stand by, campaign again after a problem, until
+//!   stopped.
 //! - [`placement`]: which host runs which service: together on a slot, or spread by claims.
 //! - [`vvm`]: the lifecycle: provide, launch, leadership monitor, ordered shutdown.
 //! - [`runtime`]: the wasmtime host: components, sandboxes, fencing, supervision.
@@ -27,7 +28,7 @@
 //! its own layer or above (`tests/structure.rs` checks it, and that no files import each
 //! other in a circle). `runtime/mod.rs` orders the runtime's own files the same way.
 //! 1. `cli`
-//! 2. `serve`
+//! 2. `server`
 //! 3. `placement`
 //! 4. `vvm`, `runtime`
 //! 5. `services`, `elections`
@@ -52,7 +53,7 @@ pub mod ops;
 pub mod placement;
 pub mod problem;
 pub mod runtime;
-pub mod serve;
+pub mod server;
 pub mod services;
 pub mod store;
 pub mod vvm;

@@ -1,4 +1,4 @@
-//! `vvm-host serve`: [`crate::serve::serve_until_reloading`] SIGINT or SIGTERM; a second
+//! `vvm-host serve`: [`crate::server::run`] until SIGINT or SIGTERM; a second
 //! signal during the shutdown sequence exits at once. SIGHUP re-reads the configuration.
 
 use std::process::ExitCode;
@@ -8,7 +8,7 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
 use super::{EXIT_INTERRUPTED, ServeArgs};
-use crate::serve::serve_until_reloading;
+use crate::server;
 
 /// SIGINT, SIGTERM and SIGHUP as one stream.
 struct Signals {
@@ -46,11 +46,11 @@ pub(super) async fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     let _endpoint = crate::ops::Endpoint::start_if(settings.metrics_addr)?;
     let stop = CancellationToken::new();
     let (reload, reloads) = tokio::sync::mpsc::unbounded_channel();
-    let serving = serve_until_reloading(settings, reloads, stop.clone().cancelled_owned());
+    let serving = server::run(settings, reloads, stop.clone().cancelled_owned());
     tokio::pin!(serving);
     loop {
         tokio::select! {
-            served = &mut serving => return served.map(|()| ExitCode::SUCCESS),
+            served = &mut serving => return Ok(served.map(|()| ExitCode::SUCCESS)?),
             signal = signals.next() => {
                 if signal == "SIGHUP" {
                     tracing::info!(signal, "re-reading the configuration");

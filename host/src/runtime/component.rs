@@ -12,8 +12,8 @@ use wasmtime_wasi::p2::bindings::CommandPre;
 
 use super::RuntimeError;
 use super::cache;
-use super::env::Host;
-use super::host::ServicePre;
+use super::imports::ServicePre;
+use super::state::Host;
 use crate::log_output::escaped;
 
 /// Which world a component targets.

@@ -36,7 +36,7 @@ use wasmtime_wasi::p2::{
 use wasmtime_wasi::sockets::WasiSocketsView;
 use wasmtime_wasi_io::bytes::Bytes;
 
-use super::env::{Host, ServiceEnv};
+use super::state::{Host, ServiceEnv};
 use crate::lease::LeaseDeadline;
 
 /// A guest effect refused because the local lease deadline has passed: another host may

@@ -40,7 +40,7 @@ use super::component::{
 };
 use super::debounce::{Change, Debouncer, FileStamp, since};
 use super::engine::Runtime;
-use super::env::Host;
+use super::state::Host;
 use crate::clock::{Clock, SystemClock};
 use crate::ops::Ops;
 

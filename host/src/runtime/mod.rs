@@ -8,10 +8,10 @@
 //!   (engine, ticker, configuration) every supervisor shares.
 //! - `cache`: the on-disk compile cache: fetch or compile, write safely, prune.
 //! - `component`: discovery, compilation (through the cache), world classification.
-//! - `env`: what the host side of a guest's calls sees: `ServiceEnv` (per service and
+//! - `state`: what the host side of a guest's calls sees: `ServiceEnv` (per service and
 //!   leadership) and `Host` (per store).
 //! - `fence`: no guest effect past the lease deadline: the per-call check, fenced streams.
-//! - `host`: the linker, a fresh sandboxed store per instance, the `vvm:host` imports.
+//! - `imports`: the linker, a fresh sandboxed store per instance, the `vvm:host` imports.
 //! - `output`: guest stdout/stderr as log lines.
 //! - `progress`: compile progress, a bar on a terminal or a log line per service.
 //! - `restart`: a failed service's backoff schedule, and its state as `status`, `/metrics` and
@@ -24,7 +24,7 @@
 //! - `wasm_services`: [`WasmServices`], the [`crate::services::Services`] the lifecycle starts.
 //!
 //! Dependencies point one way, in this order (each uses only modules before it): `config`,
-//! `handles`, `stacks`, `engine`, `env`, `fence`, `output`, `host`, `cache`, `component`, `restart`,
+//! `handles`, `stacks`, `engine`, `state`, `fence`, `output`, `imports`, `cache`, `component`, `restart`,
 //! `supervisor`, `debounce`, `live_dir`, `reconcile`, `wasm_services`.
 
 mod cache;
@@ -32,16 +32,16 @@ mod component;
 mod config;
 mod debounce;
 mod engine;
-mod env;
 mod fence;
 mod handles;
-mod host;
+mod imports;
 mod live_dir;
 mod output;
 mod progress;
 mod reconcile;
 mod restart;
 mod stacks;
+mod state;
 mod supervisor;
 mod wasm_services;
 

@@ -16,8 +16,8 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError, StreamResult};
 use wasmtime_wasi_io::bytes::Bytes;
 
-use super::env::ServiceEnv;
 use super::fence::Fenced;
+use super::state::ServiceEnv;
 use crate::log_output::escaped;
 
 /// A line longer than this is logged in pieces, so a guest cannot grow the buffer forever.
@@ -193,7 +193,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::runtime::env::tests::env;
+    use crate::runtime::state::tests::env;
 
     /// The message of every event `f` logs.
     fn capture(f: impl FnOnce()) -> Vec<String> {

@@ -22,9 +22,9 @@ use tokio_util::task::AbortOnDropHandle;
 
 use super::component::Loaded;
 use super::engine::Runtime;
-use super::env::{ServiceEnv, WriteBudget};
 use super::live_dir::Catalogue;
 use super::restart::Tracker;
+use super::state::{ServiceEnv, WriteBudget};
 use super::supervisor::{FirstStart, supervise};
 use crate::services::{RunningServices, ServiceContext};
 

@@ -19,10 +19,10 @@ use wasmtime_wasi::I32Exit;
 
 use super::component::{Loaded, Pre};
 use super::engine::Runtime;
-use super::env::ServiceEnv;
 use super::fence::Fenced;
-use super::host::new_store;
+use super::imports::new_store;
 use super::restart::{Backoff, Tracker};
+use super::state::ServiceEnv;
 use crate::config::{HAND_OVER_MEMORY, OnFailure};
 use crate::keys::hand_over_key;
 use crate::lease_value;
@@ -360,8 +360,8 @@ mod tests {
     use super::*;
     use crate::lease_value::RunningReport;
     use crate::runtime::component::{Compiler, LoadStats};
-    use crate::runtime::env::tests::env;
-    use crate::runtime::{RuntimeConfig, engine, host};
+    use crate::runtime::state::tests::env;
+    use crate::runtime::{RuntimeConfig, engine, imports};
 
     /// A supervised rust-ticker named `name` whose first start counts `pending` services
     /// (itself included) still to be created: its task, its environment, the start's `begin`
@@ -380,7 +380,7 @@ mod tests {
         guests::install(dir.path(), &[("rust-ticker", name)]);
         let config = RuntimeConfig::new(dir.path());
         let engine = engine::build(&config).unwrap();
-        let linker = host::linker(&engine).unwrap();
+        let linker = imports::linker(&engine).unwrap();
         let mut compiler = Compiler {
             engine: &engine,
             cache_dir: dir.path(),

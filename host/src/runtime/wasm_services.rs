@@ -12,11 +12,11 @@ use wasmtime::component::Linker;
 use super::cache;
 use super::component::{self, Compiler, LoadError, LoadStats, ServiceKind};
 use super::engine::{self, Runtime};
-use super::env::Host;
-use super::host;
+use super::imports;
 use super::live_dir::{Catalogue, LiveDir};
 use super::progress::Progress;
 use super::reconcile;
+use super::state::Host;
 use super::{Grants, RuntimeConfig, RuntimeError};
 use crate::services::{RunningServices, SeparateServices, ServiceContext, ServiceError, Services};
 
@@ -58,7 +58,7 @@ impl WasmServices {
         stop: &CancellationToken,
     ) -> Result<(Self, Vec<LoadError>), RuntimeError> {
         let engine = engine::build(&config)?;
-        let linker = host::linker(&engine)?;
+        let linker = imports::linker(&engine)?;
         let files = component::discover(&config.services_dir)?;
         std::fs::create_dir_all(&config.cache_dir).map_err(|source| RuntimeError::CacheDir {
             path: config.cache_dir.clone(),

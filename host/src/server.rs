@@ -1,10 +1,10 @@
-//! The serve loop (SPEC §8): lead while holding a slot, stand by otherwise; after a problem,
-//! shut the VVM down and campaign again as a standby; on the stop signal, shut down and close
-//! the store.
+//! The server (SPEC §5, §8): the process's loop that launches one VVM after another. Lead
+//! while holding a slot, stand by otherwise; after a problem, shut the VVM down and campaign
+//! again as a standby; on the stop signal, shut down and close the store.
 //!
-//! [`serve_until`] takes its stop signal as a parameter (as mini-redis's `server::run`), so
-//! `vvm-host serve` passes SIGINT/SIGTERM and tests pass a future of their own;
-//! [`serve_until_reloading`] also takes re-read configurations (SIGHUP).
+//! [`run`] takes its stop signal as a parameter (as mini-redis's `server::run`), so `vvm-host
+//! serve` passes SIGINT/SIGTERM and tests pass a future of their own, and the configurations
+//! re-read on SIGHUP as a channel.
 //!
 //! The services directory is followed while serving (SPEC §6): on leaders and standbys alike,
 //! so a standby that takes over runs the services as they are now, compiled already.
@@ -13,7 +13,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
@@ -22,42 +21,63 @@ use crate::config::{ConfigError, Placement, Settings};
 use crate::holder::crash_lock::HolderLockDir;
 use crate::holder::holder_value;
 use crate::log_output::one_line;
-use crate::placement::{Spread, SpreadConfig};
+use crate::placement::{MixedPlacement, Spread, SpreadConfig};
 use crate::problem::Problem;
-use crate::runtime::{RuntimeConfig, WasmServices};
+use crate::runtime::{RuntimeConfig, RuntimeError, WasmServices};
 use crate::services::Services;
-use crate::store;
+use crate::store::{self, StoreError};
 use crate::vvm::{Vvm, VvmConfig};
 
-/// Serves with `settings` until `shutdown` resolves: opens the store, loads the services,
-/// then launches a VVM; after each problem (leadership lost, acquisition timeout, a failing
-/// service) shuts it down and launches a new one, as a standby. When `shutdown` resolves, the
-/// running VVM's shutdown sequence ends the serving, and closing the store is the last step.
-///
-/// # Errors
-/// When the store cannot be opened or the services cannot be loaded (before serving).
-pub async fn serve_until(
-    settings: Settings,
-    shutdown: impl Future<Output = ()>,
-) -> anyhow::Result<()> {
-    serve_until_reloading(settings, mpsc::unbounded_channel().1, shutdown).await
+/// Why serving could not begin (after it has begun, every failure is a problem that the loop
+/// meets by campaigning again). Each message names the thing and the reason.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// The store could not be opened.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The settings cannot work.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The crash lock directory the operator named cannot be used.
+    #[error("setting lock-dir")]
+    LockDir(#[source] crate::holder::crash_lock::HolderLockError),
+    /// The store is in use by hosts with the other placement.
+    #[error(transparent)]
+    MixedPlacement(#[from] MixedPlacement),
+    /// The runtime could not be set up (the services directory, the cache, wasmtime).
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    /// A blocking step (loading the services, stopping their watch) panicked.
+    #[error("{what}")]
+    Task {
+        /// The step.
+        what: &'static str,
+        /// How it ended.
+        #[source]
+        source: tokio::task::JoinError,
+    },
 }
 
 /// A configuration re-read while serving (on SIGHUP), or why it could not be.
 pub type Reload = Result<Settings, ConfigError>;
 
-/// Like [`serve_until`], and applies each configuration from `reloads`: the services' grants
-/// change for their next start; a configuration that does not validate keeps the old
-/// settings, and the log says why. Settings that need a restart (the store, the lease...) are
-/// named in the log and keep their old values.
+/// Serves with `settings` until `shutdown` resolves: opens the store, loads the services,
+/// then launches a VVM; after each problem (leadership lost, acquisition timeout, a service
+/// handed over) shuts it down and launches a new one, as a standby. When `shutdown` resolves,
+/// the running VVM's shutdown sequence ends the serving, and closing the store is the last
+/// step. Each configuration from `reloads` is applied: the services' grants change for their
+/// next start; a configuration that does not validate keeps the old settings, and the log
+/// says why. Settings that need a restart (the store, the lease...) are named in the log and
+/// keep their old values.
 ///
 /// # Errors
-/// As [`serve_until`].
-pub async fn serve_until_reloading(
+/// When the store cannot be opened or the services cannot be loaded (before serving).
+pub async fn run(
     settings: Settings,
     mut reloads: mpsc::UnboundedReceiver<Reload>,
     shutdown: impl Future<Output = ()>,
-) -> anyhow::Result<()> {
+) -> Result<(), ServeError> {
     tokio::pin!(shutdown);
     let store = store::open(&settings.store_settings(), false).await?;
     let holder_locks = holder_locks(&settings)?;
@@ -83,18 +103,43 @@ pub async fn serve_until_reloading(
         lease_ms = settings.lease.as_millis(),
         "serving"
     );
+    if settings.placement == Placement::Spread {
+        serve_spread(&settings, store.shared(), Arc::clone(&wasm), shutdown).await;
+    } else {
+        serve_together(&settings, &store, &services, holder_locks, shutdown).await;
+    }
+    // Every VVM has shut down: no task holds the store any more. Dropping the services stops
+    // following the directory (after a compile in progress): off the async workers.
+    drop(reloading);
+    drop(services);
+    tokio::task::spawn_blocking(move || drop(wasm))
+        .await
+        .map_err(|source| ServeError::Task {
+            what: "stopping the services directory watch",
+            source,
+        })?;
+    close(store, &settings.store).await;
+    Ok(())
+}
+
+/// Closes the store `name` once nothing uses it any more, and says so.
+async fn close(store: store::OpenedStore, name: &str) {
+    store.close().await;
+    tracing::info!(store = name, "store closed");
+}
+
+/// Serves under together placement until `shutdown` resolves: one VVM after another, each
+/// campaigning for a slot and running every service while it holds one; after a problem of
+/// this host's own it stands aside first ([`LocalBackoff`]).
+async fn serve_together(
+    settings: &Settings,
+    store: &store::OpenedStore,
+    services: &Arc<dyn Services>,
+    holder_locks: Option<Arc<HolderLockDir>>,
+    mut shutdown: Pin<&mut impl Future<Output = ()>>,
+) {
     let mut backoff = LocalBackoff::new(settings.lease);
     let mut stopping = false;
-    if settings.placement == Placement::Spread {
-        serve_spread(
-            &settings,
-            store.shared(),
-            Arc::clone(&wasm),
-            shutdown.as_mut(),
-        )
-        .await;
-        stopping = true;
-    }
     while !stopping {
         let config = VvmConfig {
             cluster_size: settings.cluster_size,
@@ -104,7 +149,7 @@ pub async fn serve_until_reloading(
             // record can never remove this one's.
             holder: holder_value(),
         };
-        let vvm = Vvm::provide(config, store.shared(), Arc::clone(&services))
+        let vvm = Vvm::provide(config, store.shared(), Arc::clone(services))
             .with_holder_locks(holder_locks.clone())
             .launch();
         let launched = tokio::time::Instant::now();
@@ -144,21 +189,6 @@ pub async fn serve_until_reloading(
             }
         }
     }
-    // Every VVM has shut down: no task holds the store any more. Dropping the services stops
-    // following the directory (after a compile in progress): off the async workers.
-    drop(reloading);
-    drop(services);
-    tokio::task::spawn_blocking(move || drop(wasm))
-        .await
-        .context("stopping the services directory watch")?;
-    close(store, &settings.store).await;
-    Ok(())
-}
-
-/// Closes the store `name` once nothing uses it any more, and says so.
-async fn close(store: store::OpenedStore, name: &str) {
-    store.close().await;
-    tracing::info!(store = name, "store closed");
 }
 
 /// Serves under spread placement ([`crate::placement::spread`]) until `shutdown` resolves,
@@ -230,14 +260,14 @@ impl LocalBackoff {
 /// # Errors
 /// When a directory the operator named cannot be used: what was asked for is refused by name,
 /// as any setting that cannot work.
-fn holder_locks(settings: &Settings) -> anyhow::Result<Option<Arc<HolderLockDir>>> {
+fn holder_locks(settings: &Settings) -> Result<Option<Arc<HolderLockDir>>, ServeError> {
     let Some(dir) = settings.lock_dir.as_deref() else {
         return Ok(None);
     };
     match HolderLockDir::open(dir) {
         Ok(locks) => Ok(Some(Arc::new(locks))),
         Err(e) if settings.lock_dir != crate::config::default_lock_dir(&settings.store) => {
-            Err(anyhow::Error::new(e).context("setting lock-dir"))
+            Err(ServeError::LockDir(e))
         }
         Err(e) => {
             tracing::warn!(error = %e, "no crash lock: after a crash standbys wait out the lease");
@@ -254,7 +284,7 @@ fn holder_locks(settings: &Settings) -> anyhow::Result<Option<Arc<HolderLockDir>
 async fn load_services(
     settings: &Settings,
     shutdown: Pin<&mut impl Future<Output = ()>>,
-) -> anyhow::Result<Option<Arc<WasmServices>>> {
+) -> Result<Option<Arc<WasmServices>>, ServeError> {
     let config = RuntimeConfig::from_settings(settings)?;
     let stop = CancellationToken::new();
     // Compiling is CPU-bound and blocking: keep it off the async workers.
@@ -271,20 +301,21 @@ async fn load_services(
             return Ok(None);
         }
     };
-    let (services, _rejected) = loaded.context("loading services")??;
+    let (services, _rejected) = loaded.map_err(|source| ServeError::Task {
+        what: "loading services",
+        source,
+    })??;
     services.follow_dir()?;
     Ok(Some(Arc::new(services)))
 }
 
 /// Applies a re-read configuration: the grants now, the rest at the next restart.
 fn apply_reload(current: &Settings, services: &WasmServices, reload: Reload) {
-    let config = reload
-        .map_err(anyhow::Error::from)
-        .and_then(|new| Ok((RuntimeConfig::from_settings(&new)?, new)));
+    let config = reload.and_then(|new| Ok((RuntimeConfig::from_settings(&new)?, new)));
     let (config, new) = match config {
         Ok(ok) => ok,
         Err(e) => {
-            tracing::error!(error = %one_line(e.as_ref()), "configuration not reloaded; keeping the old settings");
+            tracing::error!(error = %one_line(&e), "configuration not reloaded; keeping the old settings");
             return;
         }
     };
@@ -376,7 +407,7 @@ mod tests {
         let settings = settings(dir.path());
         let peer = RedbStore::open(&settings.store).await.unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let serving = tokio::spawn(serve_until(settings, async {
+        let serving = tokio::spawn(run(settings, mpsc::unbounded_channel().1, async {
             let _ = stopped.await;
         }));
 

@@ -2,7 +2,7 @@
 //! instance of one service during one leadership (lease, deadline, stop signal, problem
 //! reporter, key-value space and its limits), and [`Host`], the state of one store.
 //!
-//! The imports (`host`), the fence (`fence`) and the output streams (`output`) all read these;
+//! The imports (`imports`), the fence (`fence`) and the output streams (`output`) all read these;
 //! none of them owns them.
 
 use std::sync::{Arc, Mutex};

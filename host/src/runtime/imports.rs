@@ -1,7 +1,7 @@
 //! The `vvm:host` imports and the making of a store (SPEC §6, §7): the linker, a fresh
 //! sandboxed store per instance, and the `lease`, `log` and `kv` host functions. Every call
 //! into the host is fenced by the local lease deadline (`fence`); the imports with an effect
-//! also say which effect they refused. The state they read is in `env`.
+//! also say which effect they refused. The state they read is in `state`.
 
 use std::sync::{Arc, PoisonError};
 
@@ -13,9 +13,9 @@ use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder};
 
 use super::RuntimeError;
 use super::config::{Grants, RuntimeConfig};
-use super::env::{Host, ServiceEnv};
 use super::fence::{self, Fenced};
 use super::output::{LogOutput, Stdio, guest_lines, guest_text};
+use super::state::{Host, ServiceEnv};
 use crate::problem::Problem;
 use crate::store::Fence;
 
@@ -247,7 +247,7 @@ mod tests {
 
     use super::*;
     use crate::runtime::config::KvLimits;
-    use crate::runtime::env::tests::env;
+    use crate::runtime::state::tests::env;
 
     fn host(env: &Arc<ServiceEnv>) -> Host {
         Host {
