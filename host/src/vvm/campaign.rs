@@ -89,7 +89,6 @@ impl Launcher {
     /// expire, waking early when the store reports a release.
     pub(super) async fn campaign(&self) -> Result<Option<(u32, Leadership)>, Problem> {
         let Vvm { config, store, .. } = &self.vvm;
-        let elections = &self.elections;
         let give_up_at = crate::clock::tokio_after(Instant::now(), config.acquisition_timeout);
         tracing::info!(
             slots = config.cluster_size,
@@ -120,68 +119,17 @@ impl Launcher {
                 }
                 let key = slot_key(slot);
                 // Held by another at our last look and released since (or its holder is gone):
-                // it may have been handed to us, which a read tells without the write an insert
-                // attempt is.
-                if (may_be_handed || released_already) && handed_to_us.contains(&slot) {
-                    match self.take_over_if_ours(&key).await {
-                        Ok(Some(leadership)) => return Ok(Some((slot, leadership))),
-                        Ok(None) => {}
-                        Err(_) => return Ok(None),
-                    }
-                }
-                // No store call may hold the campaign up for ever: past L/4 it counts as a
-                // transient failure (the insert, if it lands, is ours and is retaken or
-                // cleaned up; see below).
-                let attempt = elections.acquire(&key, &config.holder, config.lease);
-                match within_quarter_lease(config.lease, "acquire", &key, attempt).await {
-                    Ok(Some(leadership)) => return Ok(Some((slot, leadership))),
-                    Ok(None) => {}
-                    Err(ElectionError::CleanedUp) => return Ok(None),
-                    Err(ElectionError::Store(e)) if e.is_transient() => {
-                        tracing::warn!(slot, error = %e, "acquire failed, will retry");
-                        wait = wait.min(retry_pause(config.lease));
-                        continue;
-                    }
-                    Err(ElectionError::Store(e)) => return Err(e.into()),
-                }
-                let read_start = self.vvm.clock.now();
-                match within_quarter_lease(config.lease, "get", &key, store.get(&key)).await {
-                    // A record with our holder value (unique per campaign) is ours: a leader
-                    // handed it to us as it released it, or an earlier insert of ours failed
-                    // (a timeout, an error) yet was applied. Take it over as it stands.
-                    Ok(Some(record)) if lease_value::holder(&record.value) == config.holder => {
-                        match self.adopt(&key, &record, read_start).await {
-                            Ok(Some(leadership)) => return Ok(Some((slot, leadership))),
-                            // Too little time left: it was deleted; the slot is free.
-                            Ok(None) => wait = Duration::ZERO,
-                            // Adopting fails only once the elections are cleaned up.
-                            Err(_) => return Ok(None),
-                        }
-                    }
-                    // The crash lock is named by the holder; the record's value may also carry
-                    // its running services (`lease_value`), and is deleted whole.
-                    Ok(Some(record)) if dead.is_gone(lease_value::holder(&record.value)) => {
-                        match self
-                            .delete_dead_holder(&key, &record.value, &mut dead)
-                            .await
-                        {
-                            // Progress, not a spin: the slot may be free now.
-                            Some(true) => continue 'round,
-                            // Rewritten meanwhile: look again soon.
-                            Some(false) => wait = Duration::ZERO,
-                            None => wait = wait.min(retry_pause(config.lease)),
-                        }
-                    }
-                    Ok(Some(record)) => {
+                // it may have been handed to us.
+                let handed = (may_be_handed || released_already) && handed_to_us.contains(&slot);
+                match self.try_slot(slot, &key, handed, &mut dead).await? {
+                    SlotLook::Ours(leadership) => return Ok(Some((slot, leadership))),
+                    SlotLook::Stop => return Ok(None),
+                    SlotLook::Again => continue 'round,
+                    SlotLook::Soon(within) => wait = wait.min(within),
+                    SlotLook::Held(left) => {
                         seen_live = true;
                         held_by_others.insert(slot);
-                        wait = wait.min(record.time_left);
-                        dead.watch(&key, lease_value::holder(&record.value));
-                    }
-                    Ok(None) => wait = Duration::ZERO,
-                    Err(e) => {
-                        tracing::warn!(slot, error = %e, "reading the lease failed");
-                        wait = wait.min(retry_pause(config.lease));
+                        wait = wait.min(left);
                     }
                 }
             }
@@ -213,4 +161,97 @@ impl Launcher {
             }
         }
     }
+
+    /// One slot's turn in a round: a read if it may have been `handed` to us (which tells
+    /// without the write an insert attempt is), else (or if not) an insert, and if that finds
+    /// the slot taken, a look at who holds it.
+    ///
+    /// # Errors
+    /// A store error that retrying cannot fix.
+    async fn try_slot(
+        &self,
+        slot: u32,
+        key: &str,
+        handed: bool,
+        dead: &mut DeadHolders,
+    ) -> Result<SlotLook, Problem> {
+        let config = &self.vvm.config;
+        if handed {
+            match self.take_over_if_ours(key).await {
+                Ok(Some(leadership)) => return Ok(SlotLook::Ours(leadership)),
+                Ok(None) => {}
+                Err(_) => return Ok(SlotLook::Stop),
+            }
+        }
+        // No store call may hold the campaign up for ever: past L/4 it counts as a transient
+        // failure (the insert, if it lands, is ours and is retaken or cleaned up; see
+        // `look_at_taken`).
+        let attempt = self.elections.acquire(key, &config.holder, config.lease);
+        match within_quarter_lease(config.lease, "acquire", key, attempt).await {
+            Ok(Some(leadership)) => return Ok(SlotLook::Ours(leadership)),
+            Ok(None) => {}
+            Err(ElectionError::CleanedUp) => return Ok(SlotLook::Stop),
+            Err(ElectionError::Store(e)) if e.is_transient() => {
+                tracing::warn!(slot, error = %e, "acquire failed, will retry");
+                return Ok(SlotLook::Soon(retry_pause(config.lease)));
+            }
+            Err(ElectionError::Store(e)) => return Err(e.into()),
+        }
+        Ok(self.look_at_taken(slot, key, dead).await)
+    }
+
+    /// Reads slot `key`, which our insert found taken, and says what the campaign does about
+    /// it.
+    async fn look_at_taken(&self, slot: u32, key: &str, dead: &mut DeadHolders) -> SlotLook {
+        let Vvm { config, store, .. } = &self.vvm;
+        let read_start = self.vvm.clock.now();
+        match within_quarter_lease(config.lease, "get", key, store.get(key)).await {
+            // A record with our holder value (unique per campaign) is ours: a leader handed it
+            // to us as it released it, or an earlier insert of ours failed (a timeout, an
+            // error) yet was applied. Take it over as it stands.
+            Ok(Some(record)) if lease_value::holder(&record.value) == config.holder => {
+                match self.adopt(key, &record, read_start).await {
+                    Ok(Some(leadership)) => SlotLook::Ours(leadership),
+                    // Too little time left: it was deleted; the slot is free.
+                    Ok(None) => SlotLook::Soon(Duration::ZERO),
+                    // Adopting fails only once the elections are cleaned up.
+                    Err(_) => SlotLook::Stop,
+                }
+            }
+            // The crash lock is named by the holder; the record's value may also carry its
+            // services (`lease_value`), and is deleted whole.
+            Ok(Some(record)) if dead.is_gone(lease_value::holder(&record.value)) => {
+                match self.delete_dead_holder(key, &record.value, dead).await {
+                    // Progress, not a spin: the slot may be free now.
+                    Some(true) => SlotLook::Again,
+                    // Rewritten meanwhile: look again soon.
+                    Some(false) => SlotLook::Soon(Duration::ZERO),
+                    None => SlotLook::Soon(retry_pause(config.lease)),
+                }
+            }
+            Ok(Some(record)) => {
+                dead.watch(key, lease_value::holder(&record.value));
+                SlotLook::Held(record.time_left)
+            }
+            Ok(None) => SlotLook::Soon(Duration::ZERO),
+            Err(e) => {
+                tracing::warn!(slot, error = %e, "reading the lease failed");
+                SlotLook::Soon(retry_pause(config.lease))
+            }
+        }
+    }
+}
+
+/// What a look at a slot that our insert found taken tells the campaign.
+enum SlotLook {
+    /// The record is ours: lead on it.
+    Ours(Leadership),
+    /// The elections are cleaned up: stop campaigning.
+    Stop,
+    /// A gone holder's record was deleted: begin the round again at once.
+    Again,
+    /// Look again within this long (zero: at once).
+    Soon(Duration),
+    /// Held by another live host, whose record can expire within this long.
+    Held(Duration),
 }
