@@ -1,9 +1,11 @@
 //! Every bound of a setting (SPEC §8: no setting can make the host panic or hang), and the
 //! check of the settings against them ([`validate`]), which names the setting and the bound.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::error::ConfigError;
+use super::service::GrantConfig;
 
 /// The wait before a failed service's first restart; each failure in a row doubles it.
 pub const RESTART_BACKOFF_INITIAL: Duration = Duration::from_millis(100);
@@ -115,7 +117,7 @@ pub fn validate(v: &Bounded) -> Result<(), ConfigError> {
 
 /// Whether `max` can be a restart backoff's cap: no shorter than the first wait, no longer
 /// than [`MAX_RESTART_BACKOFF_MAX`].
-pub(super) fn check_restart_backoff_max(max: Duration) -> Result<(), String> {
+fn check_restart_backoff_max(max: Duration) -> Result<(), String> {
     if max < RESTART_BACKOFF_INITIAL {
         return Err(format!(
             "{} is too short; at least {} (the first restart's wait)",
@@ -135,4 +137,34 @@ pub(super) fn check_restart_backoff_max(max: Duration) -> Result<(), String> {
 
 fn show(d: Duration) -> humantime::FormattedDuration {
     humantime::format_duration(d)
+}
+
+/// Checks what each `[service.NAME]` table bounds.
+///
+/// # Errors
+/// Naming the service, the setting and the bound it breaks.
+pub(super) fn check_services(grants: &BTreeMap<String, GrantConfig>) -> Result<(), ConfigError> {
+    for (name, grant) in grants {
+        if let Some(max) = grant.restart_backoff_max {
+            check_restart_backoff_max(max).map_err(|reason| ConfigError::Invalid {
+                name: "service.*.restart-backoff-max",
+                reason: format!("service {name}: {reason}"),
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// Checks that a store was named at all.
+///
+/// # Errors
+/// `store` is empty.
+pub(super) fn check_store(store: &str) -> Result<(), ConfigError> {
+    if store.trim().is_empty() {
+        return Err(ConfigError::Invalid {
+            name: "store",
+            reason: "is empty: give a redb file path or etcd://host:port".to_owned(),
+        });
+    }
+    Ok(())
 }

@@ -29,7 +29,7 @@ pub use parse::{parse_duration, parse_metrics_addr};
 pub use service::{GrantConfig, HAND_OVER_MEMORY, OnFailure};
 
 use crate::fs::{MAX_SETTINGS_FILE_BYTES, read_file};
-use bounds::check_restart_backoff_max;
+use bounds::{check_services, check_store};
 
 /// The configuration file read when `--config` is not given and the file exists.
 pub const DEFAULT_CONFIG_FILE: &str = "vvm.toml";
@@ -117,6 +117,20 @@ impl std::fmt::Display for Placement {
             Self::Together => "together",
             Self::Spread => "spread",
         })
+    }
+}
+
+impl EtcdFileConfig {
+    /// These options, each falling back to `lower`'s where this one has none.
+    fn over(self, lower: Self) -> Self {
+        Self {
+            user: self.user.or(lower.user),
+            password: self.password.or(lower.password),
+            ca: self.ca.or(lower.ca),
+            cert: self.cert.or(lower.cert),
+            key: self.key.or(lower.key),
+            prefix: self.prefix.or(lower.prefix),
+        }
     }
 }
 
@@ -256,8 +270,10 @@ impl Settings {
             Some(path) => FileConfig::load(path, true)?,
             None => FileConfig::load(DEFAULT_CONFIG_FILE.as_ref(), false)?,
         };
-        let etcd_flags = flags.etcd.unwrap_or_default();
-        let etcd_file = file.etcd.unwrap_or_default();
+        let etcd = flags
+            .etcd
+            .unwrap_or_default()
+            .over(file.etcd.unwrap_or_default());
         let services = flags
             .services
             .or(file.services)
@@ -270,26 +286,14 @@ impl Settings {
             .store
             .or(file.store)
             .unwrap_or_else(|| DEFAULT_STORE.into());
-        if store.trim().is_empty() {
-            return Err(ConfigError::Invalid {
-                name: "store",
-                reason: "is empty: give a redb file path or etcd://host:port".to_owned(),
-            });
-        }
+        check_store(&store)?;
         let settings = Self {
             lock_dir: flags
                 .lock_dir
                 .or(file.lock_dir)
                 .or_else(|| default_lock_dir(&store)),
             store,
-            etcd: EtcdFileConfig {
-                user: etcd_flags.user.or(etcd_file.user),
-                password: etcd_flags.password.or(etcd_file.password),
-                ca: etcd_flags.ca.or(etcd_file.ca),
-                cert: etcd_flags.cert.or(etcd_file.cert),
-                key: etcd_flags.key.or(etcd_file.key),
-                prefix: etcd_flags.prefix.or(etcd_file.prefix),
-            },
+            etcd,
             cluster_size: flags
                 .cluster_size
                 .or(file.cluster_size)
@@ -330,14 +334,7 @@ impl Settings {
             handle_limit: settings.handle_limit,
             restart_backoff_max: settings.restart_backoff_max,
         })?;
-        for (name, grant) in &settings.grants {
-            if let Some(max) = grant.restart_backoff_max {
-                check_restart_backoff_max(max).map_err(|reason| ConfigError::Invalid {
-                    name: "service.*.restart-backoff-max",
-                    reason: format!("service {name}: {reason}"),
-                })?;
-            }
-        }
+        check_services(&settings.grants)?;
         Ok(settings)
     }
 }

@@ -150,6 +150,18 @@ fn relations_and_bounds_are_checked() {
                 ..ok
             },
         ),
+    ];
+    for (name, v) in cases {
+        let err = validate(&v).unwrap_err().to_string();
+        assert!(err.contains(name), "{v:?}: {err}");
+    }
+}
+
+/// The bounds of the sizes and the restart backoff, each refused by its name.
+#[test]
+fn size_and_backoff_bounds_are_checked() {
+    let ok = bounded(DEFAULT_LEASE);
+    let cases = [
         (
             "memory-limit-mib",
             Bounded {

@@ -4,16 +4,40 @@
 //! 0.8·L, anything else gives the lease up.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::time::sleep;
 
 use super::{Elections, Renewal};
+use crate::clock::Timestamp;
 use crate::lease::{RENEW_ATTEMPTS, attempt_patience, renew_every, retry_pause, valid_until};
 use crate::lease_value;
 use crate::ops::{Ops, RenewalOutcome};
 use crate::store::StoreError;
 
 impl Elections {
+    /// The renewal that began at `cas_start` wrote `new` (and took `took`): the deadlines
+    /// move to its start + 0.8·L. Only a successful write moves them later; the killer keeps
+    /// the earliest deadline of every lease held.
+    fn renewed(&self, r: &mut Renewal, cas_start: Timestamp, new: String, took: Duration) {
+        let until = valid_until(cas_start, r.lease);
+        r.deadline.send_replace(until);
+        {
+            let mut state = self.lock();
+            if let Some(held) = state.held.get_mut(&r.key) {
+                held.written_until = until;
+                held.values = vec![new.clone()];
+            }
+            if let Some(earliest) = state.killer_deadline() {
+                self.killer.arm(earliest);
+            }
+        }
+        r.last_start = cas_start;
+        r.value = new;
+        let took_us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        tracing::debug!(key = r.key, took_us, "renewed");
+    }
+
     /// Swaps our record under `key` to `new`: from the value last confirmed, else from one
     /// written since without an answer (see [`Held::values`]). `Ok(false)`: none of them is
     /// there, the lease is lost.
@@ -81,24 +105,7 @@ impl Elections {
                 Ops::global().renewal(RenewalOutcome::of(&outcome), took);
                 match outcome {
                     Ok(true) => {
-                        let until = valid_until(cas_start, r.lease);
-                        // Only a successful write moves the deadlines later; the killer keeps
-                        // the earliest deadline of every lease held.
-                        r.deadline.send_replace(until);
-                        {
-                            let mut state = self.lock();
-                            if let Some(held) = state.held.get_mut(&r.key) {
-                                held.written_until = until;
-                                held.values = vec![new.clone()];
-                            }
-                            if let Some(earliest) = state.killer_deadline() {
-                                self.killer.arm(earliest);
-                            }
-                        }
-                        r.last_start = cas_start;
-                        r.value = new;
-                        let took_us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
-                        tracing::debug!(key = r.key, took_us, "renewed");
+                        self.renewed(&mut r, cas_start, new, took);
                         break;
                     }
                     Ok(false) => {

@@ -114,104 +114,102 @@ pub(super) struct Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::default();
-        let lease_held = Family::<SlotLabels, Gauge>::default();
-        let lease_term = Family::<SlotLabels, Gauge>::default();
-        let lease_time_left = Family::<SlotLabels, Gauge<f64, AtomicU64>>::default();
         let renewals = Family::<OutcomeLabels, Counter>::default();
-        let renewal_latency = LatencyHistogram::default();
-        let takeovers = Counter::default();
-        let killer_armed = Gauge::default();
-        let services_running = Gauge::default();
-        let service_restarts = Family::<ServiceLabels, Counter>::default();
-        let service_failures = Family::<ServiceLabels, Counter>::default();
-        let effects_refused = Family::<ServiceLabels, Counter>::default();
-        let kv_writes = Family::<KvLabels, Counter>::default();
-        let service_state = Family::<StateLabels, Gauge>::default();
-        let r = &mut registry;
+        let mut metrics = Self {
+            registry: Registry::default(),
+            lease_held: Family::default(),
+            lease_term: Family::default(),
+            lease_time_left: Family::default(),
+            renewals: ["ok", "lost", "error"]
+                .map(|outcome| renewals.get_or_create(&OutcomeLabels { outcome }).clone()),
+            renewal_latency: LatencyHistogram::default(),
+            takeovers: Counter::default(),
+            killer_armed: Gauge::default(),
+            services_running: Gauge::default(),
+            service_restarts: Family::default(),
+            service_failures: Family::default(),
+            effects_refused: Family::default(),
+            kv_writes: Family::default(),
+            service_state: Family::default(),
+        };
+        metrics.register_lease(renewals);
+        metrics.register_services();
+        metrics
+    }
+
+    /// Registers the lease's metrics (`renewals` is the family the renewal counters are of).
+    fn register_lease(&mut self, renewals: Family<OutcomeLabels, Counter>) {
+        let r = &mut self.registry;
         r.register(
             "vvm_lease_held",
             "1 while this host holds the slot's lease, else 0",
-            lease_held.clone(),
+            self.lease_held.clone(),
         );
         r.register(
             "vvm_lease_term",
             "The term (fencing token) of the slot's lease this host holds or last held",
-            lease_term.clone(),
+            self.lease_term.clone(),
         );
         r.register(
             "vvm_lease_time_left_seconds",
             "Time left until the local lease deadline (start of the last write + 0.8 L)",
-            lease_time_left.clone(),
+            self.lease_time_left.clone(),
         );
         r.register(
             "vvm_lease_renewals",
             "Lease renewal attempts, by outcome (ok, lost, error)",
-            renewals.clone(),
+            renewals,
         );
         r.register(
             "vvm_lease_renewal_duration_seconds",
             "How long each renewal attempt took",
-            renewal_latency.clone(),
+            self.renewal_latency.clone(),
         );
         r.register(
             "vvm_takeovers",
             "Slots this host acquired (each starts a leadership)",
-            takeovers.clone(),
+            self.takeovers.clone(),
         );
         r.register(
             "vvm_killer_armed",
             "1 while the killer is armed (a lease may be held), else 0",
-            killer_armed.clone(),
+            self.killer_armed.clone(),
         );
+    }
+
+    /// Registers the services' metrics.
+    fn register_services(&mut self) {
+        let r = &mut self.registry;
         r.register(
             "vvm_services_running",
             "Service instances running now",
-            services_running.clone(),
+            self.services_running.clone(),
         );
         r.register(
             "vvm_service_restarts",
             "Restarts of a failed service",
-            service_restarts.clone(),
+            self.service_restarts.clone(),
         );
         r.register(
             "vvm_service_failures",
             "Runs of a service that failed (error, trap, exit code, cannot start)",
-            service_failures.clone(),
+            self.service_failures.clone(),
         );
         r.register(
             "vvm_guest_effects_refused",
             "Guest effects refused because the local lease deadline had passed",
-            effects_refused.clone(),
+            self.effects_refused.clone(),
         );
         r.register(
             "vvm_kv_writes",
             "Guest key-value writes, by outcome (ok, limited, stale, error)",
-            kv_writes.clone(),
+            self.kv_writes.clone(),
         );
         r.register(
             "vvm_service_state",
             "1 for the state each loaded service is in (running, backing-off, stopped), else 0",
-            service_state.clone(),
+            self.service_state.clone(),
         );
-        let renewals = ["ok", "lost", "error"]
-            .map(|outcome| renewals.get_or_create(&OutcomeLabels { outcome }).clone());
-        Self {
-            registry,
-            lease_held,
-            lease_term,
-            lease_time_left,
-            renewals,
-            renewal_latency,
-            takeovers,
-            killer_armed,
-            services_running,
-            service_restarts,
-            service_failures,
-            effects_refused,
-            kv_writes,
-            service_state,
-        }
     }
 
     /// Service `service` was loaded: every per-service series exists from now on, at 0 (so

@@ -42,18 +42,7 @@ impl Member {
             return;
         };
         let names = self.s.services.names();
-        let mut held_by: HashMap<&str, usize> = HashMap::new();
-        for (_, r) in &records {
-            *held_by.entry(r.value.as_str()).or_default() += 1;
-        }
-        let counts: Vec<(String, usize)> = members
-            .iter()
-            .map(|(_, r)| {
-                let n = held_by.get(r.value.as_str()).copied().unwrap_or(0);
-                (r.value.clone(), n)
-            })
-            .collect();
-        let share = crate::placement::fair_share(names.len(), &counts, self.holder());
+        let share = share_of(names.len(), &members, &records, self.holder());
         let running: Vec<String> = self
             .claims
             .iter()
@@ -158,4 +147,26 @@ async fn look(
             None
         }
     }
+}
+
+/// `holder`'s fair share of `services` services, given the live `members` and the `claims`
+/// (each claim's value is its holder).
+fn share_of(
+    services: usize,
+    members: &[(String, Record)],
+    claims: &[(String, Record)],
+    holder: &str,
+) -> usize {
+    let mut held_by: HashMap<&str, usize> = HashMap::new();
+    for (_, r) in claims {
+        *held_by.entry(r.value.as_str()).or_default() += 1;
+    }
+    let counts: Vec<(String, usize)> = members
+        .iter()
+        .map(|(_, r)| {
+            let n = held_by.get(r.value.as_str()).copied().unwrap_or(0);
+            (r.value.clone(), n)
+        })
+        .collect();
+    crate::placement::fair_share(services, &counts, holder)
 }
