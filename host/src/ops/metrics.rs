@@ -215,22 +215,11 @@ impl Metrics {
     /// Service `service` was loaded: every per-service series exists from now on, at 0 (so
     /// that `increase()` sees the first event), and its state is `stopped` until it runs.
     pub fn service_loaded(&self, service: &str) {
-        let labels = ServiceLabels {
-            service: service.to_owned(),
-        };
-        for family in [
-            &self.service_restarts,
-            &self.service_failures,
-            &self.effects_refused,
-        ] {
-            drop(family.get_or_create(&labels));
-        }
-        for outcome in KvOutcome::ALL {
-            drop(self.kv_writes.get_or_create(&KvLabels {
-                service: service.to_owned(),
-                outcome: outcome.label(),
-            }));
-        }
+        self.each_series(
+            service,
+            |counter| drop(counter.get_or_create(&counter_labels(service))),
+            |kv| drop(self.kv_writes.get_or_create(&kv)),
+        );
         let stopped = StateLabels {
             service: service.to_owned(),
             state: "stopped",
@@ -243,26 +232,42 @@ impl Metrics {
 
     /// Service `service` was removed: its series go with it.
     pub fn service_removed(&self, service: &str) {
-        let labels = ServiceLabels {
-            service: service.to_owned(),
-        };
+        self.each_series(
+            service,
+            |counter| {
+                let _ = counter.remove(&counter_labels(service));
+            },
+            |kv| {
+                let _ = self.kv_writes.remove(&kv);
+            },
+        );
+        for state in SERVICE_STATES {
+            self.service_state.remove(&StateLabels {
+                service: service.to_owned(),
+                state,
+            });
+        }
+    }
+
+    /// Calls `counter` with each per-service counter family, and `kv` with each label set of
+    /// `service`'s key-value writes.
+    fn each_series(
+        &self,
+        service: &str,
+        counter: impl Fn(&Family<ServiceLabels, Counter>),
+        kv: impl Fn(KvLabels),
+    ) {
         for family in [
             &self.service_restarts,
             &self.service_failures,
             &self.effects_refused,
         ] {
-            family.remove(&labels);
+            counter(family);
         }
         for outcome in KvOutcome::ALL {
-            self.kv_writes.remove(&KvLabels {
+            kv(KvLabels {
                 service: service.to_owned(),
                 outcome: outcome.label(),
-            });
-        }
-        for state in SERVICE_STATES {
-            self.service_state.remove(&StateLabels {
-                service: service.to_owned(),
-                state,
             });
         }
     }
@@ -308,6 +313,12 @@ impl Metrics {
                 outcome: outcome.label(),
             })
             .inc();
+    }
+}
+
+fn counter_labels(service: &str) -> ServiceLabels {
+    ServiceLabels {
+        service: service.to_owned(),
     }
 }
 

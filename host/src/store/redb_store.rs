@@ -16,6 +16,7 @@ mod file_watch;
 #[cfg(test)]
 mod process_tests;
 mod schema;
+mod scrub;
 #[cfg(test)]
 mod tests;
 
@@ -37,6 +38,7 @@ use self::schema::{
     BUSY_TIMEOUT, KV, LEASES, Lease, META, RELEASES_KEY, SCHEMA_VERSION, TERMS, begin_write,
     expired_under, lease_row, live_lease, live_leases_under, open_database, open_read_only,
 };
+use self::scrub::{Scrubber, Verdict};
 use super::{Candidates, Fence, FencedKv, HandOver, Record, StoreError, Term, TtlStore};
 use crate::clock::{Clock, SystemClock, Timestamp};
 
@@ -96,6 +98,11 @@ struct Inner {
     /// The reopen under way, if any ([`RedbStore::reopen`]): at most one at a time, and
     /// [`RedbStore::close`] waits for it, since it holds the database too.
     reopening: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Set once the file is found changed under this host; every operation then fails with
+    /// it (`scrub`).
+    verdict: Verdict,
+    /// Reads the file afresh every second while this store may write it; stopped on drop.
+    _scrubber: Option<Scrubber>,
 }
 
 /// The database handle: read-write, or read-only for the tools that only look.
@@ -201,6 +208,21 @@ impl RedbStore {
                 })
                 .ok()
         });
+        let verdict = Verdict::default();
+        // Only a host that writes serves from the file; a tool reads it once.
+        let scrubber = (!read_only)
+            .then(|| scrub::identity(&path))
+            .and_then(|identity| {
+                let started = identity.and_then(|identity| {
+                    Scrubber::start(path.clone(), identity, busy_timeout, verdict.clone())
+                });
+                started
+                    .inspect_err(|e| {
+                        tracing::warn!(path = %path.display(), error = %e,
+                            "the redb store file is not read afresh: a change under this host may go unseen");
+                    })
+                    .ok()
+            });
         tracing::info!(path = %path.display(), schema = SCHEMA_VERSION, read_only, "redb store opened");
         Ok(Self {
             inner: Arc::new(Inner {
@@ -217,6 +239,8 @@ impl RedbStore {
                 rung,
                 releases_seen: AtomicU64::new(releases),
                 reopening: Mutex::new(None),
+                verdict,
+                _scrubber: scrubber,
             }),
         })
     }
@@ -302,9 +326,12 @@ impl RedbStore {
         op: &'static str,
         f: impl FnOnce() -> Result<T, Fault> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let result = tokio::task::spawn_blocking(f)
-            .await
-            .unwrap_or_else(|e| Err(Fault::Aborted(e.to_string())));
+        let result = match self.inner.verdict.get() {
+            Some(reason) => Err(Fault::Invalid(reason)),
+            None => tokio::task::spawn_blocking(f)
+                .await
+                .unwrap_or_else(|e| Err(Fault::Aborted(e.to_string()))),
+        };
         result.map_err(|fault| {
             if fault.needs_reopen() {
                 self.reopen(&fault);

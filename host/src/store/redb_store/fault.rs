@@ -36,6 +36,9 @@ pub(super) enum Fault {
     /// A write through a handle opened for reading only.
     #[error("the store was opened read-only")]
     ReadOnly,
+    /// The file changed under this host: overwritten or replaced (`scrub`).
+    #[error("{0}")]
+    Invalid(String),
     /// The blocking task running the operation panicked or was cancelled.
     #[error("the store operation did not complete: {0}")]
     Aborted(String),
@@ -80,6 +83,7 @@ impl Fault {
             | Self::Layout(_)
             | Self::Foreign(_)
             | Self::ReadOnly
+            | Self::Invalid(_)
             | Self::Aborted(_) => false,
             Self::Redb(e) => redb_is_transient(e),
         }
