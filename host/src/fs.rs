@@ -1,7 +1,10 @@
-//! Reading a file an operator named (SPEC §8: no file can make the host hang or panic): a
-//! regular file only, opened without blocking, and bounded in size. The configuration, the
-//! etcd PEM files and the service components are all read through [`read_file`].
+//! Files, read without waiting on them. Reading a file an operator named (SPEC §8: no file
+//! can make the host hang or panic): a regular file only, opened without blocking, and bounded
+//! in size; the configuration, the etcd PEM files and the service components are all read
+//! through [`read_file`]. And draining a non-blocking event descriptor (inotify) whose events
+//! only matter by coming ([`drain_events`]), for the crash lock and the store's release bell.
 
+use std::os::fd::AsFd;
 use std::path::Path;
 
 /// The largest configuration file or PEM file (CA, certificate, key) read: far more than any
@@ -67,4 +70,20 @@ pub fn read_file(path: &Path, max: u64) -> Result<Vec<u8>, FileError> {
         return Err(FileError::TooLarge { size, max });
     }
     Ok(bytes)
+}
+
+/// Reads every pending event of the non-blocking descriptor `fd` (an inotify instance): their
+/// content does not matter, only that they came.
+///
+/// # Errors
+/// A read error other than "nothing more now" or an interrupt.
+pub(crate) fn drain_events(fd: impl AsFd) -> std::io::Result<()> {
+    let mut buf = [0_u8; 4096];
+    loop {
+        match rustix::io::read(&fd, &mut buf) {
+            Ok(0) | Err(rustix::io::Errno::AGAIN) => return Ok(()),
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
 }

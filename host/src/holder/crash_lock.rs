@@ -25,7 +25,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -414,22 +414,10 @@ fn wait_free(file: &OwnedFd, inotify: &OwnedFd, stop: &OwnedFd) -> io::Result<bo
             return Ok(false);
         }
         if !fds[0].revents().is_empty() {
-            drain(inotify)?;
+            crate::fs::drain_events(inotify)?;
             retries = RETRIES_AFTER_CLOSE.iter();
         }
         pause = retries.next().copied().unwrap_or(SAFETY_POLL);
-    }
-}
-
-/// Reads every pending inotify event; only their coming matters.
-fn drain(fd: impl AsFd) -> io::Result<()> {
-    let mut buf = [0_u8; 1024];
-    loop {
-        match rustix::io::read(&fd, &mut buf) {
-            Ok(0) | Err(rustix::io::Errno::AGAIN) => return Ok(()),
-            Ok(_) | Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
-        }
     }
 }
 

@@ -2,7 +2,7 @@
 //! a release within a millisecond or so instead of at its next poll.
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::thread::JoinHandle;
 
@@ -97,21 +97,9 @@ fn run(
             return Ok(());
         }
         if !fds[0].revents().is_empty() {
-            drain(inotify)?;
+            crate::fs::drain_events(inotify)?;
             on_write();
             tx.send_modify(|n| *n = n.wrapping_add(1));
-        }
-    }
-}
-
-/// Reads every pending event; their content does not matter, only that they came.
-fn drain(fd: impl AsFd) -> io::Result<()> {
-    let mut buf = [0_u8; 4096];
-    loop {
-        match rustix::io::read(&fd, &mut buf) {
-            Ok(0) | Err(rustix::io::Errno::AGAIN) => return Ok(()),
-            Ok(_) | Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
         }
     }
 }
