@@ -231,11 +231,6 @@ impl RunningReport {
         });
     }
 
-    /// The list as it is now.
-    pub fn get(&self) -> Vec<ServiceStatus> {
-        self.0.borrow().clone()
-    }
-
     /// A receiver of every change from now on (tests wait on it).
     pub fn subscribe(&self) -> watch::Receiver<Vec<ServiceStatus>> {
         self.0.subscribe()
