@@ -11,6 +11,7 @@ use testkit::guests;
 use tokio_util::sync::CancellationToken;
 use vvm_host::clock::{Clock, ManualClock, SystemClock};
 use vvm_host::lease::LeaseDeadline;
+use vvm_host::ops::Ops;
 use vvm_host::problem::ProblemReporter;
 use vvm_host::runtime::{RuntimeConfig, WasmServices};
 use vvm_host::services::{LeaseInfo, ServiceContext, Services};
@@ -77,9 +78,10 @@ async fn measure(allocator: &'static str, pooling: bool) -> Row {
         pooling,
         ..RuntimeConfig::new(dir.path())
     };
-    drop(WasmServices::load(config.clone()).unwrap());
+    drop(WasmServices::load(config.clone(), Ops::new(Arc::new(SystemClock::local()))).unwrap());
     let loading = Instant::now();
-    let (services, errors) = WasmServices::load(config).unwrap();
+    let (services, errors) =
+        WasmServices::load(config, Ops::new(Arc::new(SystemClock::local()))).unwrap();
     let load_ms = loading.elapsed().as_secs_f64() * 1e3;
     assert!(errors.is_empty());
     assert_eq!(services.stats().cache_hits, SERVICES);
@@ -112,7 +114,7 @@ async fn measure(allocator: &'static str, pooling: bool) -> Row {
         grace_period: Duration::ZERO,
         ..RuntimeConfig::new(spin_dir.path())
     };
-    let (spin, _) = WasmServices::load(config).unwrap();
+    let (spin, _) = WasmServices::load(config, Ops::new(Arc::new(SystemClock::local()))).unwrap();
     let mut stops = Vec::new();
     for _ in 0..SPIN_ROUNDS {
         let running = spin.start(context().await).await.unwrap();

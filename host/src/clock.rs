@@ -54,6 +54,14 @@ impl Timestamp {
     }
 }
 
+/// The wall clock in whole seconds since the Unix epoch (0 if it reads earlier), for records
+/// people read (a service's `since`, a hand-over's time), never for deadlines.
+pub fn unix_seconds() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 /// `now + d` on tokio's clock without overflow: a `d` beyond the clock's range (a setting
 /// of years, `Duration::MAX`) gives a moment a century away, which nothing waits for.
 pub fn tokio_after(now: tokio::time::Instant, d: Duration) -> tokio::time::Instant {

@@ -1,11 +1,17 @@
 //! Files, read without waiting on them. Reading a file an operator named (SPEC §8: no file
 //! can make the host hang or panic): a regular file only, opened without blocking, and bounded
 //! in size; the configuration, the etcd PEM files and the service components are all read
-//! through [`read_file`]. And draining a non-blocking event descriptor (inotify) whose events
-//! only matter by coming ([`drain_events`]), for the crash lock and the store's release bell.
+//! through [`read_file`]. And a thread waiting on an inotify watch whose events only matter by
+//! coming, stopped at once on drop ([`WatchThread`]), for the crash lock and the store's
+//! release bell.
 
-use std::os::fd::AsFd;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rustix::event::{EventfdFlags, PollFd, PollFlags, Timespec, eventfd, poll};
 
 /// The largest configuration file or PEM file (CA, certificate, key) read: far more than any
 /// real one, and a mistaken path (`/dev/zero`, a disk image) is refused rather than read.
@@ -72,12 +78,117 @@ pub fn read_file(path: &Path, max: u64) -> Result<Vec<u8>, FileError> {
     Ok(bytes)
 }
 
+/// A thread blocked on an inotify instance (and a timeout, if it asks for one), woken at once
+/// and joined when dropped.
+///
+/// A thread rather than tokio's `AsyncFd`, whose safe constructor is deprecated as unsound and
+/// whose replacement is `unsafe`; a thread per watch costs nothing that matters here.
+pub(crate) struct WatchThread {
+    /// Written on drop to wake the thread from `poll`.
+    stop: OwnedFd,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// What woke a [`Waker::wait`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wake {
+    /// Events came (and were drained).
+    Events,
+    /// The timeout passed.
+    Timeout,
+    /// The [`WatchThread`] is being dropped: return.
+    Stop,
+}
+
+/// The thread's side of a [`WatchThread`]: its inotify instance and the stop signal.
+pub(crate) struct Waker {
+    inotify: OwnedFd,
+    stop: OwnedFd,
+}
+
+impl Waker {
+    /// Waits for events of the inotify instance (drained before returning), the stop, or
+    /// `timeout` (`None`: no timeout; beyond a second: a second). The stop wins over events
+    /// that came with it.
+    ///
+    /// # Errors
+    /// When polling or draining fails.
+    pub(crate) fn wait(&self, timeout: Option<Duration>) -> io::Result<Wake> {
+        let timeout = timeout.map(|t| {
+            Timespec::try_from(t).unwrap_or(Timespec {
+                tv_sec: 1,
+                tv_nsec: 0,
+            })
+        });
+        let mut fds = [
+            PollFd::new(&self.inotify, PollFlags::IN),
+            PollFd::new(&self.stop, PollFlags::IN),
+        ];
+        match poll(&mut fds, timeout.as_ref()) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+        if !fds[1].revents().is_empty() {
+            return Ok(Wake::Stop);
+        }
+        if fds[0].revents().is_empty() {
+            return Ok(Wake::Timeout);
+        }
+        drain_events(&self.inotify)?;
+        Ok(Wake::Events)
+    }
+}
+
+impl WatchThread {
+    /// Starts thread `name` running `body` with the [`Waker`] of `inotify` (a non-blocking
+    /// inotify instance with its watches added). `body` must return when a wait says
+    /// [`Wake::Stop`].
+    ///
+    /// # Errors
+    /// When the stop signal or the thread cannot be made.
+    pub(crate) fn spawn(
+        name: &str,
+        inotify: OwnedFd,
+        body: impl FnOnce(&Waker) + Send + 'static,
+    ) -> io::Result<Self> {
+        let stop = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
+        let waker = Waker {
+            inotify,
+            stop: stop.try_clone()?,
+        };
+        let thread = std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(move || body(&waker))?;
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for WatchThread {
+    fn drop(&mut self) {
+        if rustix::io::write(&self.stop, &1_u64.to_ne_bytes()).is_ok()
+            && let Some(thread) = self.thread.take()
+        {
+            // The thread only polls and does a little work: it ends at once once it runs. But
+            // on a busy machine it may wait several milliseconds for a CPU, and a caller on an
+            // async worker (a campaign that has just won) must not wait for that: join on the
+            // blocking pool then (the runtime waits for it when it shuts down).
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn_blocking(move || thread.join())),
+                Err(_) => drop(thread.join()),
+            }
+        }
+    }
+}
+
 /// Reads every pending event of the non-blocking descriptor `fd` (an inotify instance): their
 /// content does not matter, only that they came.
 ///
 /// # Errors
 /// A read error other than "nothing more now" or an interrupt.
-pub(crate) fn drain_events(fd: impl AsFd) -> std::io::Result<()> {
+fn drain_events(fd: impl AsFd) -> std::io::Result<()> {
     let mut buf = [0_u8; 4096];
     loop {
         match rustix::io::read(&fd, &mut buf) {

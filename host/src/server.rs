@@ -21,6 +21,7 @@ use crate::config::{ConfigError, Placement, Settings};
 use crate::holder::crash_lock::HolderLockDir;
 use crate::holder::holder_value;
 use crate::log_output::one_line;
+use crate::ops::Ops;
 use crate::placement::{MixedPlacement, Spread, SpreadConfig};
 use crate::problem::Problem;
 use crate::runtime::{RuntimeConfig, RuntimeError, WasmServices};
@@ -69,12 +70,14 @@ pub type Reload = Result<Settings, ConfigError>;
 /// step. Each configuration from `reloads` is applied: the services' grants change for their
 /// next start; a configuration that does not validate keeps the old settings, and the log
 /// says why. Settings that need a restart (the store, the lease...) are named in the log and
-/// keep their old values.
+/// keep their old values. Every layer reports its metrics, health and leadership to `ops`
+/// (a clone each, as mini-redis hands each connection its `Db`).
 ///
 /// # Errors
 /// When the store cannot be opened or the services cannot be loaded (before serving).
 pub async fn run(
     settings: Settings,
+    ops: Ops,
     mut reloads: mpsc::UnboundedReceiver<Reload>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
@@ -82,7 +85,7 @@ pub async fn run(
     let store = store::open(&settings.store_settings(), false).await?;
     let holder_locks = holder_locks(&settings)?;
     crate::placement::refuse_mixed(&*store.shared(), settings.placement).await?;
-    let Some(wasm) = load_services(&settings, shutdown.as_mut()).await? else {
+    let Some(wasm) = load_services(&settings, &ops, shutdown.as_mut()).await? else {
         close(store, &settings.store).await;
         return Ok(());
     };
@@ -104,9 +107,9 @@ pub async fn run(
         "serving"
     );
     if settings.placement == Placement::Spread {
-        serve_spread(&settings, store.shared(), Arc::clone(&wasm), shutdown).await;
+        serve_spread(&settings, &ops, store.shared(), Arc::clone(&wasm), shutdown).await;
     } else {
-        serve_together(&settings, &store, &services, holder_locks, shutdown).await;
+        serve_together(&settings, &ops, &store, &services, holder_locks, shutdown).await;
     }
     // Every VVM has shut down: no task holds the store any more. Dropping the services stops
     // following the directory (after a compile in progress): off the async workers.
@@ -133,6 +136,7 @@ async fn close(store: store::OpenedStore, name: &str) {
 /// this host's own it stands aside first ([`LocalBackoff`]).
 async fn serve_together(
     settings: &Settings,
+    ops: &Ops,
     store: &store::OpenedStore,
     services: &Arc<dyn Services>,
     holder_locks: Option<Arc<HolderLockDir>>,
@@ -149,7 +153,7 @@ async fn serve_together(
             // record can never remove this one's.
             holder: holder_value(),
         };
-        let vvm = Vvm::provide(config, store.shared(), Arc::clone(services))
+        let vvm = Vvm::provide(config, store.shared(), Arc::clone(services), ops.clone())
             .with_holder_locks(holder_locks.clone())
             .launch();
         let launched = tokio::time::Instant::now();
@@ -195,6 +199,7 @@ async fn serve_together(
 /// then leaves the group in order. Store failures are retried inside; nothing ends it early.
 async fn serve_spread(
     settings: &Settings,
+    ops: &Ops,
     store: Arc<dyn crate::store::Store>,
     services: Arc<WasmServices>,
     shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
@@ -204,7 +209,7 @@ async fn serve_spread(
         holder: holder_value(),
     };
     let stop = CancellationToken::new();
-    let run = Spread::new(config, store, services).run(stop.clone());
+    let run = Spread::new(config, store, services, ops.clone()).run(stop.clone());
     tokio::pin!(run);
     tokio::select! {
         () = &mut run => return,
@@ -283,6 +288,7 @@ fn holder_locks(settings: &Settings) -> Result<Option<Arc<HolderLockDir>>, Serve
 /// polled again.
 async fn load_services(
     settings: &Settings,
+    ops: &Ops,
     shutdown: Pin<&mut impl Future<Output = ()>>,
 ) -> Result<Option<Arc<WasmServices>>, ServeError> {
     let config = RuntimeConfig::from_settings(settings)?;
@@ -290,7 +296,8 @@ async fn load_services(
     // Compiling is CPU-bound and blocking: keep it off the async workers.
     let mut loading = tokio::task::spawn_blocking({
         let stop = stop.clone();
-        move || WasmServices::load_until(config, &stop)
+        let ops = ops.clone();
+        move || WasmServices::load_until(config, ops, &stop)
     });
     let loaded = tokio::select! {
         loaded = &mut loading => loaded,
@@ -368,6 +375,7 @@ mod tests {
     use std::path::Path;
 
     use super::*;
+    use crate::clock::SystemClock;
     use crate::config::FileConfig;
     use crate::keys::slot_key;
     use crate::store::{Record, RedbStore, TtlStore};
@@ -382,6 +390,10 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         panic!("slot 1 never reached the expected state");
+    }
+
+    fn test_ops() -> Ops {
+        Ops::new(Arc::new(SystemClock::local()))
     }
 
     fn settings(dir: &Path) -> Settings {
@@ -407,9 +419,14 @@ mod tests {
         let settings = settings(dir.path());
         let peer = RedbStore::open(&settings.store).await.unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let serving = tokio::spawn(run(settings, mpsc::unbounded_channel().1, async {
-            let _ = stopped.await;
-        }));
+        let serving = tokio::spawn(run(
+            settings,
+            test_ops(),
+            mpsc::unbounded_channel().1,
+            async {
+                let _ = stopped.await;
+            },
+        ));
 
         let first = slot_until(&peer, |r| r.is_some()).await.unwrap();
         // Someone else deletes the record: the host's next renewal finds the lease lost.

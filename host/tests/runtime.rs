@@ -13,6 +13,7 @@ use vvm_host::clock::{Clock, ManualClock, SystemClock};
 use vvm_host::config::OnFailure;
 use vvm_host::lease::LeaseDeadline;
 use vvm_host::lease_value::{RunningReport, ServiceState, ServiceStatus};
+use vvm_host::ops::Ops;
 use vvm_host::problem::{Problem, ProblemReporter};
 use vvm_host::runtime::{
     DirGrant, Grants, LoadErrorKind, RestartPolicy, RuntimeConfig, ServiceKind, WasmServices,
@@ -24,6 +25,11 @@ const LEASE_KEY: &str = "vvm/slot/1";
 
 /// A services directory holding `guests` as `(guest, service name)`, with a config whose
 /// cache lives beside it.
+/// A set of metrics of the test's own.
+fn ops() -> Ops {
+    Ops::new(Arc::new(SystemClock::local()))
+}
+
 fn setup(guests: &[(&str, &str)]) -> (TempDir, RuntimeConfig) {
     logs::init();
     let dir = TempDir::new().unwrap();
@@ -126,7 +132,7 @@ async fn examples_run_under_a_lease_and_stop_on_stop() {
     config.grants.insert("ex-ticker".into(), tick_env(20));
     config.grants.insert("ex-counter".into(), tick_env(20));
     config.grants.insert("ex-command".into(), tick_env(20));
-    let (services, errors) = WasmServices::load(config).unwrap();
+    let (services, errors) = WasmServices::load(config, ops()).unwrap();
     assert!(errors.is_empty(), "{errors:?}");
     assert_eq!(
         services.services(),
@@ -193,7 +199,7 @@ async fn bad_files_are_rejected_by_name_while_a_good_one_runs() {
         ("rust-ticker", "good-ticker"),
     ]);
     config.grants.insert("good-ticker".into(), tick_env(20));
-    let (services, errors) = WasmServices::load(config).unwrap();
+    let (services, errors) = WasmServices::load(config, ops()).unwrap();
     let rejected: Vec<(String, String)> = errors
         .iter()
         .map(|e| {
@@ -236,7 +242,7 @@ async fn a_spinning_guest_is_dropped_after_the_grace_period() {
     let (_dir, mut config) = setup(&[("test/spin", "spinner"), ("rust-ticker", "spin-ticker")]);
     config.grants.insert("spin-ticker".into(), tick_env(10));
     config.grace_period = Duration::from_millis(300);
-    let (services, _) = WasmServices::load(config).unwrap();
+    let (services, _) = WasmServices::load(config, ops()).unwrap();
     let l = lease(far_deadline()).await;
     let running = services.start(l.ctx.clone()).await.unwrap();
     until("the spinner spins", async || {
@@ -269,7 +275,7 @@ async fn a_spinning_guest_is_dropped_after_the_grace_period() {
 /// the reason of its last failure. No failure is a problem of the lease.
 async fn reason_after_failing_twice(mut config: RuntimeConfig, name: &str) -> String {
     config.restart.initial_backoff = Duration::from_millis(10);
-    let (services, _) = WasmServices::load(config).unwrap();
+    let (services, _) = WasmServices::load(config, ops()).unwrap();
     let l = lease(far_deadline()).await;
     let running = services.start(l.ctx.clone()).await.unwrap();
     let status = failed(&l, name, 2).await;
@@ -324,7 +330,7 @@ async fn a_failing_guest_is_restarted_with_backoff_and_its_neighbour_never_notic
             ..Grants::default()
         },
     );
-    let (services, _) = WasmServices::load(config).unwrap();
+    let (services, _) = WasmServices::load(config, ops()).unwrap();
     let l = lease(far_deadline()).await;
     let started = std::time::Instant::now();
     let running = services.start(l.ctx.clone()).await.unwrap();
@@ -377,7 +383,7 @@ async fn a_hand_over_is_recorded_and_not_made_again_by_the_next_host() {
         },
     );
     config.restart.initial_backoff = Duration::from_millis(10);
-    let (services, _) = WasmServices::load(config).unwrap();
+    let (services, _) = WasmServices::load(config, ops()).unwrap();
     let a = lease(far_deadline()).await;
     let running = services.start(a.ctx.clone()).await.unwrap();
     let problem = tokio::time::timeout(Duration::from_secs(10), a.ctx.problems.wait())
@@ -459,7 +465,7 @@ async fn files_and_sockets_are_denied_unless_granted() {
             ..Grants::default()
         },
     );
-    let (services, _) = WasmServices::load(config).unwrap();
+    let (services, _) = WasmServices::load(config, ops()).unwrap();
     let l = lease(far_deadline()).await;
     let running = services.start(l.ctx.clone()).await.unwrap();
     for service in ["nosy-denied", "nosy-granted"] {
@@ -488,7 +494,7 @@ async fn no_effect_after_the_lease_deadline() {
     let (_dir, mut config) = setup(&[("rust-counter", "fenced-counter")]);
     config.grants.insert("fenced-counter".into(), tick_env(10));
     config.restart.initial_backoff = Duration::from_millis(20);
-    let (services, _) = WasmServices::load(config).unwrap();
+    let (services, _) = WasmServices::load(config, ops()).unwrap();
     let clock = Arc::new(SystemClock::local());
     let (move_deadline, deadline) =
         LeaseDeadline::manual(clock.clone(), clock.now().after(Duration::from_hours(1)));
@@ -547,7 +553,7 @@ async fn no_effect_after_the_lease_deadline() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_under_an_older_term_is_rejected() {
     let (_dir, config) = setup(&[("rust-counter", "stale-counter")]);
-    let (services, _) = WasmServices::load(config).unwrap();
+    let (services, _) = WasmServices::load(config, ops()).unwrap();
     let l = lease(far_deadline()).await;
     // Another host acquires the slot after ours expired: the store's term moves on.
     assert!(
@@ -574,9 +580,9 @@ async fn a_write_under_an_older_term_is_rejected() {
 #[test]
 fn a_compile_cache_hit_skips_compilation() {
     let (dir, config) = setup(&[("rust-ticker", "cached-a"), ("rust-command", "cached-b")]);
-    let (first, _) = WasmServices::load(config.clone()).unwrap();
+    let (first, _) = WasmServices::load(config.clone(), ops()).unwrap();
     assert_eq!((first.stats().compiled, first.stats().cache_hits), (2, 0));
-    let (second, _) = WasmServices::load(config.clone()).unwrap();
+    let (second, _) = WasmServices::load(config.clone(), ops()).unwrap();
     assert_eq!((second.stats().compiled, second.stats().cache_hits), (0, 2));
     assert_eq!(first.services(), second.services());
 
@@ -587,7 +593,7 @@ fn a_compile_cache_hit_skips_compilation() {
         std::fs::remove_file(&path).unwrap();
         std::fs::write(&path, b"garbage").unwrap();
     }
-    let (third, errors) = WasmServices::load(config).unwrap();
+    let (third, errors) = WasmServices::load(config, ops()).unwrap();
     assert!(errors.is_empty());
     assert_eq!((third.stats().compiled, third.stats().cache_hits), (2, 0));
 }
@@ -623,7 +629,7 @@ fn the_compile_cache_drops_entries_unused_for_a_week() {
             .set_modified(then)
             .unwrap();
     }
-    let (again, _) = WasmServices::load(config).unwrap();
+    let (again, _) = WasmServices::load(config, ops()).unwrap();
     assert_eq!(
         again.stats().cache_hits,
         1,
@@ -645,7 +651,7 @@ fn the_compile_cache_drops_entries_unused_for_a_week() {
 fn ticker_cached_once() -> (TempDir, RuntimeConfig, std::path::PathBuf, String) {
     let (dir, config) = setup(&[("rust-ticker", "ticker")]);
     let cache = dir.path().join("cache");
-    WasmServices::load(config.clone()).unwrap();
+    WasmServices::load(config.clone(), ops()).unwrap();
     let Ok([entry]) = <[String; 1]>::try_from(names(&cache)) else {
         panic!("{:?}", names(&cache))
     };
@@ -670,7 +676,7 @@ fn a_failed_cache_write_leaves_nothing_behind() {
     std::fs::remove_file(cache.join(&entry)).unwrap();
     std::fs::create_dir(cache.join(&entry)).unwrap();
     std::fs::write(cache.join(&entry).join("in-the-way"), b"").unwrap();
-    let (again, errors) = WasmServices::load(config).unwrap();
+    let (again, errors) = WasmServices::load(config, ops()).unwrap();
     assert!(errors.is_empty(), "{errors:?}");
     assert_eq!(again.stats().compiled, 1);
     assert_eq!(names(&cache), [entry]);
@@ -802,7 +808,7 @@ async fn trial(effect: &str, fenced: bool, cache: &std::path::Path) -> Trial {
             ..Grants::default()
         },
     );
-    let (services, errors) = WasmServices::load(config).unwrap();
+    let (services, errors) = WasmServices::load(config, ops()).unwrap();
     assert!(errors.is_empty(), "{errors:?}");
     let clock = Arc::new(SystemClock::local());
     let (move_deadline, deadline) =
@@ -888,7 +894,7 @@ async fn every_granted_effect_is_refused_at_the_call_past_the_deadline() {
 async fn running_services_follow_the_directory_until_the_stop() {
     let (dir, mut config) = setup(&[("rust-ticker", "live-a")]);
     config.grants.insert("live-a".into(), tick_env(20));
-    let (services, errors) = WasmServices::load(config).unwrap();
+    let (services, errors) = WasmServices::load(config, ops()).unwrap();
     assert!(errors.is_empty(), "{errors:?}");
     services.follow_dir().unwrap();
     let l = lease(far_deadline()).await;
@@ -944,7 +950,7 @@ async fn a_guest_spinning_while_instantiated_holds_up_neither_start_nor_stop() {
     .unwrap();
     config.grants.insert("ticker".into(), tick_env(10));
     config.grace_period = Duration::from_mins(1);
-    let (services, errors) = WasmServices::load(config).unwrap();
+    let (services, errors) = WasmServices::load(config, ops()).unwrap();
     assert!(errors.is_empty(), "{errors:?}");
     let l = lease(far_deadline()).await;
     let running = tokio::time::timeout(Duration::from_secs(10), services.start(l.ctx.clone()))
@@ -970,8 +976,9 @@ async fn a_guest_spinning_while_instantiated_holds_up_neither_start_nor_stop() {
 #[test]
 fn a_loaded_service_has_its_series_at_zero() {
     let (_dir, config) = setup(&[("rust-ticker", "zero-series")]);
-    let (_services, _) = WasmServices::load(config).unwrap();
-    let text = vvm_host::ops::Ops::global().render();
+    let ops = ops();
+    let (_services, _) = WasmServices::load(config, ops.clone()).unwrap();
+    let text = ops.render();
     for line in [
         "vvm_service_restarts_total{service=\"zero-series\"} 0",
         "vvm_service_failures_total{service=\"zero-series\"} 0",

@@ -2,12 +2,15 @@
 //! signal during the shutdown sequence exits at once. SIGHUP re-reads the configuration.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
 use super::{EXIT_INTERRUPTED, ServeArgs};
+use crate::clock::SystemClock;
+use crate::ops::Ops;
 use crate::server;
 
 /// SIGINT, SIGTERM and SIGHUP as one stream.
@@ -43,10 +46,13 @@ pub(super) async fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     let mut signals = Signals::new().context("installing signal handlers")?;
     // Before the runtime reads it, to share descriptors out among granted guests.
     crate::runtime::raise_descriptor_limit();
-    let _endpoint = crate::ops::Endpoint::start_if(settings.metrics_addr)?;
+    // The process's one set of metrics, health and leadership, on `CLOCK_BOOTTIME` like the
+    // lease deadlines: served by the endpoint, fed by every layer of the server.
+    let ops = Ops::new(Arc::new(SystemClock::local()));
+    let _endpoint = crate::ops::Endpoint::start_if(settings.metrics_addr, &ops)?;
     let stop = CancellationToken::new();
     let (reload, reloads) = tokio::sync::mpsc::unbounded_channel();
-    let serving = server::run(settings, reloads, stop.clone().cancelled_owned());
+    let serving = server::run(settings, ops, reloads, stop.clone().cancelled_owned());
     tokio::pin!(serving);
     loop {
         tokio::select! {

@@ -53,6 +53,8 @@ pub struct Elections {
     store: Arc<dyn Store>,
     killer: Arc<Killer>,
     clock: Arc<dyn Clock>,
+    /// Where renewals and the next step due are reported.
+    ops: Ops,
     state: Mutex<State>,
 }
 
@@ -137,12 +139,18 @@ impl Leadership {
 
 impl Elections {
     /// Elections over `store`, arming `killer` while leases are held, with deadlines on
-    /// `clock`.
-    pub fn new(store: Arc<dyn Store>, killer: Arc<Killer>, clock: Arc<dyn Clock>) -> Arc<Self> {
+    /// `clock`, reporting renewals and the next step due to `ops`.
+    pub fn new(
+        store: Arc<dyn Store>,
+        killer: Arc<Killer>,
+        clock: Arc<dyn Clock>,
+        ops: Ops,
+    ) -> Arc<Self> {
         Arc::new(Self {
             store,
             killer,
             clock,
+            ops,
             state: Mutex::default(),
         })
     }
@@ -316,7 +324,7 @@ impl Elections {
             return;
         };
         held.stop.cancel();
-        Ops::global().health().idle();
+        self.ops.health().idle();
         // Whatever still runs under this lease (nothing, after an orderly shutdown) has no
         // effect from here on: the record is about to go, and another host may take it.
         held.deadline.send_replace(self.clock.now());

@@ -12,7 +12,7 @@ use super::{Elections, Renewal};
 use crate::clock::Timestamp;
 use crate::lease::{RENEW_ATTEMPTS, attempt_patience, renew_every, retry_pause, valid_until};
 use crate::lease_value;
-use crate::ops::{Ops, RenewalOutcome};
+use crate::ops::RenewalOutcome;
 use crate::store::StoreError;
 
 impl Elections {
@@ -66,7 +66,7 @@ impl Elections {
         loop {
             let next = r.last_start.after(interval);
             let until_next = next.left_from(self.clock.now()).unwrap_or_default();
-            Ops::global().health().step_due_in(until_next, r.lease);
+            self.ops.health().step_due_in(until_next, r.lease);
             tokio::select! {
                 () = r.stop.cancelled() => return,
                 () = sleep(until_next) => {}
@@ -74,7 +74,7 @@ impl Elections {
             let mut attempt = 1;
             loop {
                 let cas_start = self.clock.now();
-                Ops::global()
+                self.ops
                     .health()
                     .step_due_in(attempt_patience(r.lease), r.lease);
                 // Each attempt waits at most L/10: three of them end (lost, at worst) well
@@ -102,7 +102,7 @@ impl Elections {
                     .now()
                     .since_boot
                     .saturating_sub(cas_start.since_boot);
-                Ops::global().renewal(RenewalOutcome::of(&outcome), took);
+                self.ops.renewal(RenewalOutcome::of(&outcome), took);
                 match outcome {
                     Ok(true) => {
                         self.renewed(&mut r, cas_start, new, took);
@@ -115,7 +115,7 @@ impl Elections {
                     Err(e) if attempt < RENEW_ATTEMPTS => {
                         tracing::warn!(key = r.key, attempt, error = %e, "renewal failed, retrying");
                         attempt += 1;
-                        Ops::global().health().step_due_in(retry, r.lease);
+                        self.ops.health().step_due_in(retry, r.lease);
                         tokio::select! {
                             () = r.stop.cancelled() => return,
                             () = sleep(retry) => {}
@@ -144,6 +144,6 @@ impl Elections {
         r.deadline.send_replace(self.clock.now());
         r.lost.cancel();
         // No renewal step is due any more: the shutdown sequence (grace period) is not a wedge.
-        Ops::global().health().idle();
+        self.ops.health().idle();
     }
 }

@@ -27,14 +27,14 @@ use std::fmt::Write as _;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
-use rustix::event::{EventfdFlags, PollFd, PollFlags, Timespec, eventfd, poll};
 use rustix::fs::inotify::{self, CreateFlags, WatchFlags};
 use rustix::fs::{AtFlags, CWD, FlockOperation, FsWord, Mode, OFlags};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
+
+use crate::fs::{Wake, Waker, WatchThread};
 
 /// Filesystems whose `flock` is the local kernel's (statfs magic numbers): ext2/3/4, xfs,
 /// btrfs, tmpfs, overlayfs, zfs, f2fs, bcachefs.
@@ -311,10 +311,9 @@ impl DeadHolders {
     }
 }
 
-/// A thread waiting for one holder's lock; dropping it stops and joins the thread.
+/// A thread waiting for one holder's lock; dropping it stops the thread.
 struct Watch {
-    stop: OwnedFd,
-    thread: Option<JoinHandle<()>>,
+    _thread: WatchThread,
 }
 
 impl Watch {
@@ -344,12 +343,11 @@ impl Watch {
             path,
             WatchFlags::CLOSE_WRITE | WatchFlags::DELETE_SELF,
         )?;
-        let stop = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
-        let stop_rx = stop.try_clone()?;
         let (key, holder) = (key.to_owned(), holder.to_owned());
-        let thread = std::thread::Builder::new()
-            .name("holder-lock-wait".into())
-            .spawn(move || match wait_free(&fd, &inotify, &stop_rx) {
+        let thread = WatchThread::spawn(
+            "holder-lock-wait",
+            inotify,
+            move |waker| match wait_free(&fd, waker) {
                 Ok(true) => {
                     tracing::info!(
                         key,
@@ -362,34 +360,15 @@ impl Watch {
                 Err(e) => {
                     tracing::warn!(key, holder, error = %e, "waiting on the holder's lock failed");
                 }
-            })?;
-        Ok(Some(Self {
-            stop,
-            thread: Some(thread),
-        }))
+            },
+        )?;
+        Ok(Some(Self { _thread: thread }))
     }
 }
 
-impl Drop for Watch {
-    fn drop(&mut self) {
-        if rustix::io::write(&self.stop, &1_u64.to_ne_bytes()).is_ok()
-            && let Some(thread) = self.thread.take()
-        {
-            // The thread only polls and tries the lock: it ends at once once it runs. But on a
-            // busy machine it may wait several milliseconds for a CPU, and a campaign that has
-            // just won must not wait for that to start its services: join on the blocking
-            // pool (the runtime waits for it when it shuts down).
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => drop(runtime.spawn_blocking(move || thread.join())),
-                Err(_) => drop(thread.join()),
-            }
-        }
-    }
-}
-
-/// Until `stop` is signalled: try the lock of `file`, after each close of it and every
+/// Until the watch is dropped: try the lock of `file`, after each close of it and every
 /// [`SAFETY_POLL`]. `Ok(true)` once it was taken (and released again: the file stays).
-fn wait_free(file: &OwnedFd, inotify: &OwnedFd, stop: &OwnedFd) -> io::Result<bool> {
+fn wait_free(file: &OwnedFd, waker: &Waker) -> io::Result<bool> {
     let mut retries = RETRIES_AFTER_CLOSE.iter();
     let mut pause = Duration::ZERO;
     loop {
@@ -398,24 +377,10 @@ fn wait_free(file: &OwnedFd, inotify: &OwnedFd, stop: &OwnedFd) -> io::Result<bo
             Err(rustix::io::Errno::WOULDBLOCK | rustix::io::Errno::INTR) => {}
             Err(e) => return Err(e.into()),
         }
-        let timeout = Timespec::try_from(pause).unwrap_or(Timespec {
-            tv_sec: 1,
-            tv_nsec: 0,
-        });
-        let mut fds = [
-            PollFd::new(inotify, PollFlags::IN),
-            PollFd::new(stop, PollFlags::IN),
-        ];
-        match poll(&mut fds, Some(&timeout)) {
-            Ok(_) | Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-        if !fds[1].revents().is_empty() {
-            return Ok(false);
-        }
-        if !fds[0].revents().is_empty() {
-            crate::fs::drain_events(inotify)?;
-            retries = RETRIES_AFTER_CLOSE.iter();
+        match waker.wait(Some(pause))? {
+            Wake::Stop => return Ok(false),
+            Wake::Events => retries = RETRIES_AFTER_CLOSE.iter(),
+            Wake::Timeout => {}
         }
         pause = retries.next().copied().unwrap_or(SAFETY_POLL);
     }

@@ -129,13 +129,12 @@ impl Endpoint {
         })
     }
 
-    /// [`Endpoint::start`] on `addr` with the process's [`Ops::global`], if an address is set.
+    /// [`Endpoint::start`] on `addr` serving `ops`, if an address is set.
     ///
     /// # Errors
     /// As [`Endpoint::start`].
-    pub fn start_if(addr: Option<SocketAddr>) -> Result<Option<Self>, EndpointError> {
-        addr.map(|addr| Self::start(addr, Ops::global().clone()))
-            .transpose()
+    pub fn start_if(addr: Option<SocketAddr>, ops: &Ops) -> Result<Option<Self>, EndpointError> {
+        addr.map(|addr| Self::start(addr, ops.clone())).transpose()
     }
 
     /// The address listened on (the bound port when 0 was asked for).

@@ -5,11 +5,11 @@
 //! - `metrics`: the Prometheus metrics (`/metrics`).
 //! - `http`: the endpoint, on a thread of its own ([`Endpoint`]).
 //!
-//! One process is one exporter, as with Prometheus' default registry: the lifecycle, the
-//! elections and the runtime report to [`Ops::global`] with one-line calls, instead of having a
-//! handle threaded through every layer. Every report is an atomic update or a watch-channel
-//! write, so reporting never waits on a scrape, and a scrape never holds anything the renewal
-//! path needs.
+//! `vvm-host serve` makes one [`Ops`] and hands a clone to each layer that reports (the VVM,
+//! the elections, spread placement, the runtime), as mini-redis hands each connection its
+//! `Db`; tests make one each and read what they caused, and nothing else. Every report is an
+//! atomic update or a watch-channel write, so reporting never waits on a scrape, and a scrape
+//! never holds anything the renewal path needs.
 
 mod health;
 mod http;
@@ -19,13 +19,13 @@ pub use health::Health;
 pub use http::{Endpoint, EndpointError};
 pub use metrics::{KvOutcome, RenewalOutcome};
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;
 
-use crate::clock::{Clock, SystemClock};
+use crate::clock::Clock;
 use crate::lease::LeaseDeadline;
 use crate::store::Term;
 use metrics::{Metrics, SlotLabels};
@@ -65,7 +65,8 @@ struct Inner {
 }
 
 impl Ops {
-    /// A fresh set on `clock` (tests; the process uses [`Ops::global`]).
+    /// A fresh set whose health deadlines run on `clock` (the process: `CLOCK_BOOTTIME`, as
+    /// the lease deadlines).
     pub fn new(clock: Arc<dyn Clock>) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -75,12 +76,6 @@ impl Ops {
                 leading: watch::Sender::new(false),
             }),
         }
-    }
-
-    /// The process's set, on `CLOCK_BOOTTIME` like the lease deadlines.
-    pub fn global() -> &'static Ops {
-        static GLOBAL: OnceLock<Ops> = OnceLock::new();
-        GLOBAL.get_or_init(|| Ops::new(Arc::new(SystemClock::local())))
     }
 
     /// Liveness: where the campaign and the renewal loop publish their next step.

@@ -61,27 +61,32 @@ pub struct Spread {
     config: SpreadConfig,
     store: Arc<dyn Store>,
     services: Arc<dyn SeparateServices>,
+    ops: Ops,
     killer: Arc<Killer>,
     clock: Arc<dyn Clock>,
 }
 
 impl Spread {
     /// A host placing `services` through `store`. Deadlines run on `CLOCK_BOOTTIME`; the
-    /// killer exits the process when it fires.
+    /// killer exits the process when it fires; renewals, the next step due and the killer
+    /// are reported to `ops`.
     pub fn new(
         config: SpreadConfig,
         store: Arc<dyn Store>,
         services: Arc<dyn SeparateServices>,
+        ops: Ops,
     ) -> Self {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock::local());
+        let killer = Killer::new(Arc::clone(&clock)).reporting({
+            let ops = ops.clone();
+            move |armed| ops.killer_armed(armed)
+        });
         Self {
             config,
             store,
             services,
-            killer: Arc::new(
-                Killer::new(Arc::clone(&clock))
-                    .reporting(|armed| Ops::global().killer_armed(armed)),
-            ),
+            ops,
+            killer: Arc::new(killer),
             clock,
         }
     }
@@ -127,7 +132,7 @@ impl Spread {
             // `/healthz` (SPEC §8): a round whose store calls and starts are each bounded well
             // within L/2, then the sleep; a host stuck past either by L/4 is wedged.
             let lease = host.s.config.lease;
-            Ops::global().health().step_due_in(lease / 2, lease);
+            host.s.ops.health().step_due_in(lease / 2, lease);
             host.step(false).await;
             // A release during the round (or a store that answers at once): look again soon,
             // but never spin.
@@ -136,7 +141,7 @@ impl Spread {
             } else {
                 host.next_wait()
             };
-            Ops::global().health().step_due_in(wait, lease);
+            host.s.ops.health().step_due_in(wait, lease);
             let woken = host.wake.notified();
             tokio::select! {
                 () = shutdown.cancelled() => {}
@@ -145,8 +150,9 @@ impl Spread {
                 () = tokio::time::sleep(wait) => {}
             }
         }
+        let ops = host.s.ops.clone();
         host.leave().await;
-        Ops::global().health().idle();
+        ops.health().idle();
     }
 }
 

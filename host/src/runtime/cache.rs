@@ -1,5 +1,5 @@
 //! The on-disk compile cache (SPEC §6, §9): components compiled once, kept as
-//! `<sha-256 of engine and bytes>.cwasm` files that any host on the machine maps instead of
+//! `<sha-256 of engine and file digest>.cwasm` files that any host on the machine maps instead of
 //! compiling again, written so that a crash or a power loss never leaves a name for a partial
 //! file, and pruned of what no host has used for a week.
 
@@ -21,14 +21,15 @@ pub(crate) enum From {
     Compiled,
 }
 
-/// The compiled component for `bytes`, from the cache in `dir` if it is there (else compiled
-/// and written there), and where it came from.
+/// The compiled component for `bytes` (whose SHA-256 is `digest`), from the cache in `dir` if
+/// it is there (else compiled and written there), and where it came from.
 pub(crate) fn fetch(
     engine: &Engine,
     dir: &Path,
     bytes: &[u8],
+    digest: &[u8; 32],
 ) -> wasmtime::Result<(Component, From)> {
-    let cached = dir.join(format!("{}.cwasm", key(engine, bytes)));
+    let cached = dir.join(format!("{}.cwasm", key(engine, digest)));
     if cached.is_file() {
         // SAFETY: `deserialize_file` trusts the file to be the output of
         // `Component::serialize` for a compatible engine. The cache directory is written
@@ -66,11 +67,11 @@ pub(crate) fn fetch(
     Ok((component, From::Compiled))
 }
 
-/// Hex SHA-256 of the engine's compatibility hash and the component bytes.
-fn key(engine: &Engine, bytes: &[u8]) -> String {
+/// Hex SHA-256 of the engine's compatibility hash and the component's SHA-256.
+fn key(engine: &Engine, digest: &[u8; 32]) -> String {
     let mut hasher = ShaHasher(Sha256::new());
     engine.precompile_compatibility_hash().hash(&mut hasher);
-    hasher.0.update(bytes);
+    hasher.0.update(digest);
     hex(&hasher.0.finalize())
 }
 

@@ -165,9 +165,25 @@ pub(crate) struct Compiler<'a> {
     pub stats: LoadStats,
 }
 
-impl Compiler<'_> {
-    /// Loads `path` as a service: compile (or cache), classify its world, pre-instantiate.
-    pub fn load(&mut self, path: &Path, linker: &Linker<Host>) -> Result<Loaded, LoadError> {
+/// A service file read once: each load reads a file once and hashes it once, and the
+/// version, the cache key and the compile all come from these bytes.
+pub(crate) struct ServiceFile {
+    /// The file stem.
+    pub name: String,
+    /// Where it was read.
+    pub path: PathBuf,
+    /// Its contents.
+    pub bytes: Vec<u8>,
+    /// The SHA-256 of `bytes`.
+    pub digest: [u8; 32],
+}
+
+impl ServiceFile {
+    /// Reads service file `path` (at most [`MAX_COMPONENT_BYTES`]).
+    ///
+    /// # Errors
+    /// When its name has a control character, or it cannot be read.
+    pub(crate) fn read(path: &Path) -> Result<Self, LoadError> {
         let fail = |kind| LoadError {
             path: path.to_owned(),
             kind,
@@ -180,9 +196,33 @@ impl Compiler<'_> {
             return Err(fail(LoadErrorKind::Name));
         }
         let bytes = read_service_file(path).map_err(fail)?;
-        check_header(&bytes).map_err(|m| fail(LoadErrorKind::Invalid(m)))?;
+        Ok(Self {
+            name,
+            path: path.to_owned(),
+            digest: Sha256::digest(&bytes).into(),
+            bytes,
+        })
+    }
+
+    /// The version: the first 12 hex digits of the SHA-256 (as `sha256sum` shows it).
+    pub(crate) fn version(&self) -> String {
+        let mut version = cache::hex(&self.digest);
+        version.truncate(12);
+        version
+    }
+}
+
+impl Compiler<'_> {
+    /// Loads `file` as a service: compile (or cache), classify its world, pre-instantiate.
+    pub fn load(&mut self, file: &ServiceFile, linker: &Linker<Host>) -> Result<Loaded, LoadError> {
+        let fail = |kind| LoadError {
+            path: file.path.clone(),
+            kind,
+        };
+        let name = file.name.clone();
+        check_header(&file.bytes).map_err(|m| fail(LoadErrorKind::Invalid(m)))?;
         let component = self
-            .component(&bytes)
+            .component(file)
             .map_err(|e| fail(LoadErrorKind::Compile(e)))?;
         // Now rather than at the first instantiation, which is on a takeover's path: wasmtime
         // builds each memory's copy-on-write image lazily (a memfd and its data, or a mapping of
@@ -192,26 +232,20 @@ impl Compiler<'_> {
                 "no copy-on-write image ahead of the first start");
         }
         let pre = classify(self.engine, &component, linker).map_err(fail)?;
-        let version = version_of(&bytes);
+        let version = file.version();
         Ok(Loaded { name, version, pre })
     }
 
-    /// The compiled component for `bytes`, from the cache if it is there.
-    fn component(&mut self, bytes: &[u8]) -> wasmtime::Result<Component> {
-        let (component, from) = cache::fetch(self.engine, self.cache_dir, bytes)?;
+    /// The compiled component for `file`, from the cache if it is there.
+    fn component(&mut self, file: &ServiceFile) -> wasmtime::Result<Component> {
+        let (component, from) =
+            cache::fetch(self.engine, self.cache_dir, &file.bytes, &file.digest)?;
         match from {
             cache::From::Cache => self.stats.cache_hits += 1,
             cache::From::Compiled => self.stats.compiled += 1,
         }
         Ok(component)
     }
-}
-
-/// The version of a component file: the first 12 hex digits of its SHA-256.
-pub(crate) fn version_of(bytes: &[u8]) -> String {
-    let mut version = cache::hex(&Sha256::digest(bytes));
-    version.truncate(12);
-    version
 }
 
 /// Rejects files that cannot be components with a precise reason, before wasmtime's parser.
@@ -358,7 +392,7 @@ mod tests {
             cache_dir: dir.path(),
             stats: LoadStats::default(),
         };
-        let Err(e) = compiler.load(&path, &linker) else {
+        let Err(e) = compiler.load(&ServiceFile::read(&path).unwrap(), &linker) else {
             panic!("a truncated component loaded");
         };
         let LoadErrorKind::Compile(cause) = &e.kind else {

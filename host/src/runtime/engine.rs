@@ -11,8 +11,10 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConf
 
 use super::stacks::{CACHED_STACKS, StackPool};
 use super::{Grants, RuntimeConfig, RuntimeError};
+use crate::ops::Ops;
 
-/// What every supervisor shares: the engine, its epoch ticker, and the configuration.
+/// What every supervisor shares: the engine, its epoch ticker, the configuration, and where
+/// metrics go.
 pub(crate) struct Runtime {
     /// The configuration loaded with (its `grants` as at start; see [`Runtime::grants`]).
     pub config: RuntimeConfig,
@@ -20,6 +22,8 @@ pub(crate) struct Runtime {
     pub engine: Engine,
     /// The grants of every service, replaced when the configuration file is re-read.
     grants: RwLock<Arc<HashMap<String, Grants>>>,
+    /// Where the services' metrics go.
+    pub ops: Ops,
     /// The open file limit at start, which the granted services' handles share.
     descriptors: u64,
     /// Stops ticking when the last supervisor is gone.
@@ -27,17 +31,22 @@ pub(crate) struct Runtime {
 }
 
 impl Runtime {
-    /// Starts the epoch ticker of `engine` and bundles it with `config`.
+    /// Starts the epoch ticker of `engine` and bundles it with `config` and `ops`.
     ///
     /// # Errors
     /// When the ticker thread cannot be started.
-    pub(crate) fn start(config: RuntimeConfig, engine: Engine) -> Result<Self, RuntimeError> {
+    pub(crate) fn start(
+        config: RuntimeConfig,
+        engine: Engine,
+        ops: Ops,
+    ) -> Result<Self, RuntimeError> {
         let ticker = EpochTicker::start(&engine, config.epoch_tick)?;
         Ok(Self {
             grants: RwLock::new(Arc::new(config.grants.clone())),
             descriptors: super::handles::descriptor_limit(),
             config,
             engine,
+            ops,
             _ticker: ticker,
         })
     }

@@ -63,7 +63,7 @@ impl ServiceEnv {
                 what,
                 "effect refused: lease deadline passed"
             );
-            crate::ops::Ops::global().effect_refused(&self.name);
+            self.ops.effect_refused(&self.name);
             Err(Fenced::new(what))
         } else {
             Ok(())

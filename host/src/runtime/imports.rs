@@ -184,7 +184,7 @@ impl kv::Host for Host {
         self.env.fence("key-value write")?;
         let env = &self.env;
         let limits = env.kv_limits;
-        let count = |outcome| crate::ops::Ops::global().kv_write(&env.name, outcome);
+        let count = |outcome| env.ops.kv_write(&env.name, outcome);
         if key.len() > limits.max_key_bytes {
             count(KvOutcome::Limited);
             return Ok(Err(format!(

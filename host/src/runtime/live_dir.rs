@@ -35,14 +35,12 @@ use wasmtime::component::Linker;
 use super::RuntimeError;
 use super::cache::prune_cache;
 use super::component::{
-    Compiler, LoadError, LoadErrorKind, LoadStats, Loaded, discover, read_service_file,
-    service_name, version_of,
+    Compiler, LoadError, LoadErrorKind, LoadStats, Loaded, ServiceFile, discover, service_name,
 };
 use super::debounce::{Change, Debouncer, FileStamp, since};
 use super::engine::Runtime;
 use super::state::Host;
 use crate::clock::{Clock, SystemClock};
-use crate::ops::Ops;
 
 /// The loaded services by name: what a leader runs now.
 pub(crate) type Catalogue = BTreeMap<String, Arc<Loaded>>;
@@ -302,13 +300,13 @@ impl Follower {
     fn refresh(&mut self, name: &str) {
         let path = self.dir.join(format!("{name}.wasm"));
         let current = self.catalogue.borrow().get(name).cloned();
-        let read = path.is_file().then(|| read_service_file(&path));
-        let bytes = match read {
-            Some(Ok(bytes)) => bytes,
+        let read = path.is_file().then(|| ServiceFile::read(&path));
+        let file = match read {
+            Some(Ok(file)) => file,
             // Unreadable, or refused by its size: a bad replacement, not a removal.
-            Some(Err(kind)) if !matches!(&kind, LoadErrorKind::Read(e) if e.is_not_found()) => {
+            Some(Err(e)) if !matches!(&e.kind, LoadErrorKind::Read(e) if e.is_not_found()) => {
                 let version = format!("unread {:?}", stamp(&path));
-                self.reject(name, version, &LoadError { path, kind }, current.as_deref());
+                self.reject(name, version, &e, current.as_deref());
                 return;
             }
             _ => {
@@ -319,35 +317,27 @@ impl Follower {
                     self.catalogue.send_modify(|c| {
                         c.remove(name);
                     });
-                    Ops::global().service_removed(name);
+                    self.rt.ops.service_removed(name);
                 }
                 return;
             }
         };
-        let version = version_of(&bytes);
+        let version = file.version();
         if current.as_ref().is_some_and(|old| old.version == version)
             || self.rejected.get(name) == Some(&version)
         {
             tracing::debug!(service = name, version, "service file unchanged");
             return;
         }
-        let size = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
-        drop(bytes);
-        self.load(name, &path, size, version, current);
+        self.load(name, &file, current);
     }
 
-    /// Loads service `name` from `path` (`size` bytes, version `version`) into the catalogue,
-    /// in place of `current`; a file that does not load leaves `current` there.
-    fn load(
-        &mut self,
-        name: &str,
-        path: &Path,
-        size: u64,
-        version: String,
-        current: Option<Arc<Loaded>>,
-    ) {
+    /// Loads service `name` from `file` into the catalogue, in place of `current`; a file
+    /// that does not load leaves `current` there.
+    fn load(&mut self, name: &str, file: &ServiceFile, current: Option<Arc<Loaded>>) {
+        let size = u64::try_from(file.bytes.len()).unwrap_or(u64::MAX);
         if size >= LARGE {
-            tracing::info!(service = name, file = %path.display(), bytes = size, "loading a large component");
+            tracing::info!(service = name, file = %file.path.display(), bytes = size, "loading a large component");
         }
         let started = std::time::Instant::now();
         let mut compiler = Compiler {
@@ -355,7 +345,7 @@ impl Follower {
             cache_dir: &self.rt.config.cache_dir,
             stats: LoadStats::default(),
         };
-        let loaded = compiler.load(path, &self.linker);
+        let loaded = compiler.load(file, &self.linker);
         let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         let compiled = compiler.stats.compiled > 0;
         if compiled {
@@ -386,12 +376,12 @@ impl Follower {
                         );
                     }
                 }
-                Ops::global().service_loaded(name);
+                self.rt.ops.service_loaded(name);
                 self.catalogue.send_modify(|c| {
                     c.insert(name.to_owned(), Arc::new(loaded));
                 });
             }
-            Err(e) => self.reject(name, version, &e, current.as_deref()),
+            Err(e) => self.reject(name, file.version(), &e, current.as_deref()),
         }
     }
 

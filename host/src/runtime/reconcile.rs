@@ -136,6 +136,7 @@ impl Reconciler {
             stopping: stop.clone(),
             problems: ctx.problems.clone(),
             store: Arc::clone(&ctx.store),
+            ops: self.rt.ops.clone(),
             kv_limits: self.rt.config.kv,
             kv_budget: Mutex::new(WriteBudget::full(self.rt.config.kv.writes_per_second)),
         });
@@ -145,7 +146,12 @@ impl Reconciler {
             begin: self.begin.clone(),
             pending: Arc::clone(&self.pending),
         };
-        let tracker = Tracker::new(ctx.running.clone(), &svc.name, &svc.version);
+        let tracker = Tracker::new(
+            ctx.running.clone(),
+            self.rt.ops.clone(),
+            &svc.name,
+            &svc.version,
+        );
         let task = tokio::spawn(supervise(
             Arc::clone(&self.rt),
             Arc::clone(svc),

@@ -52,19 +52,20 @@ impl Backoff {
 pub(crate) struct Tracker {
     status: ServiceStatus,
     report: RunningReport,
+    ops: Ops,
     /// The hash of the last reason said in full, and how often it came again since.
     said: Option<(u64, u32)>,
 }
 
 impl Tracker {
-    /// A service `name` (version `version`) starting now under the leadership of `report`.
-    pub(crate) fn new(report: RunningReport, name: &str, version: &str) -> Self {
-        let since = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
+    /// A service `name` (version `version`) starting now under the leadership of `report`,
+    /// its state also reported to `ops`.
+    pub(crate) fn new(report: RunningReport, ops: Ops, name: &str, version: &str) -> Self {
+        let since = crate::clock::unix_seconds();
         let tracker = Self {
             status: ServiceStatus::running(name, version, since),
             report,
+            ops,
             said: None,
         };
         tracker.publish();
@@ -79,7 +80,7 @@ impl Tracker {
     /// An instance is being started again after a failure.
     pub(crate) fn restarting(&mut self) {
         self.status.restarts = self.status.restarts.saturating_add(1);
-        Ops::global().service_restarted(&self.status.name);
+        self.ops.service_restarted(&self.status.name);
         self.set(ServiceState::Running);
     }
 
@@ -135,7 +136,7 @@ impl Tracker {
     }
 
     fn publish(&self) {
-        Ops::global().service_state(&self.status.name, self.status.state);
+        self.ops.service_state(&self.status.name, self.status.state);
         self.report.update(self.status.clone());
     }
 }
@@ -145,6 +146,10 @@ mod tests {
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
+
+    fn test_ops() -> Ops {
+        Ops::new(std::sync::Arc::new(crate::clock::ManualClock::default()))
+    }
 
     fn policy() -> RestartPolicy {
         RestartPolicy {
@@ -204,7 +209,7 @@ mod tests {
     /// A reason is said once; the same one again is counted, and a new one said again.
     #[test]
     fn a_repeated_reason_is_counted_not_said() {
-        let mut t = Tracker::new(RunningReport::detached(), "svc", "v");
+        let mut t = Tracker::new(RunningReport::detached(), test_ops(), "svc", "v");
         let long = "trap ".repeat(1 << 20);
         assert_eq!(t.repeated(&long), 0);
         assert_eq!(t.repeated(&long), 1);

@@ -14,6 +14,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::config::KvLimits;
 use crate::lease::LeaseDeadline;
+use crate::ops::Ops;
 use crate::problem::ProblemReporter;
 use crate::services::LeaseInfo;
 use crate::store::Store;
@@ -32,6 +33,8 @@ pub(crate) struct ServiceEnv {
     pub problems: ProblemReporter,
     /// The store holding the fenced key-value space.
     pub store: Arc<dyn Store>,
+    /// Where refused effects and key-value writes are counted.
+    pub ops: Ops,
     /// What `kv.set` may write, and how often.
     pub kv_limits: KvLimits,
     /// The writes `kv.set` may still make now (a token bucket refilled at the limit's rate).
@@ -139,6 +142,7 @@ pub(crate) mod tests {
             stopping: CancellationToken::new(),
             problems: ProblemReporter::default(),
             store: Arc::new(store),
+            ops: Ops::new(Arc::new(clock.clone())),
             kv_limits: KvLimits::default(),
             kv_budget: Mutex::new(WriteBudget::full(KvLimits::default().writes_per_second)),
         };

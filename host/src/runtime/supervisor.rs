@@ -8,7 +8,7 @@
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -26,7 +26,6 @@ use super::state::ServiceEnv;
 use crate::config::{HAND_OVER_MEMORY, OnFailure};
 use crate::keys::hand_over_key;
 use crate::lease_value;
-use crate::ops::Ops;
 use crate::problem::Problem;
 
 /// How one run of a service ended.
@@ -100,7 +99,7 @@ pub(crate) async fn supervise(
                 tracing::warn!(service, "service interrupted: lease deadline passed");
             }
             Outcome::Failed(reason) => {
-                Ops::global().service_failed(service);
+                rt.ops.service_failed(service);
                 let grants = rt.grants();
                 let grant = grants.get(service);
                 if grant.is_some_and(|g| g.on_failure == OnFailure::HandOver)
@@ -136,9 +135,7 @@ async fn hand_over(env: &ServiceEnv, reason: &str, restarts: u32) -> bool {
         return false;
     }
     let key = hand_over_key(service);
-    let at = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let at = crate::clock::unix_seconds();
     let record = serde_json::json!({
         "service": service,
         "holder": env.lease.holder,
@@ -226,7 +223,7 @@ async fn run_once(
                 Err(e) => return not_instantiated(&e),
             };
             tracing::info!(service, kind = "service", "service running");
-            let _running = Ops::global().service_running();
+            let _running = env.ops.service_running();
             finish(env, Some(grace), handles, instance.call_run(&mut store)).await
         }
         Pre::Command(pre) => {
@@ -240,7 +237,7 @@ async fn run_once(
                 Err(e) => return not_instantiated(&e),
             };
             tracing::info!(service, kind = "command", "service running");
-            let _running = Ops::global().service_running();
+            let _running = env.ops.service_running();
             let run = async {
                 let r = instance.wasi_cli_run().call_run(&mut store).await;
                 r.map(|r| r.map_err(|()| "the command exited with an error".to_owned()))
@@ -359,7 +356,7 @@ mod tests {
 
     use super::*;
     use crate::lease_value::RunningReport;
-    use crate::runtime::component::{Compiler, LoadStats};
+    use crate::runtime::component::{Compiler, LoadStats, ServiceFile};
     use crate::runtime::state::tests::env;
     use crate::runtime::{RuntimeConfig, engine, imports};
 
@@ -388,11 +385,14 @@ mod tests {
         };
         let svc = Arc::new(
             compiler
-                .load(&dir.path().join(format!("{name}.wasm")), &linker)
+                .load(
+                    &ServiceFile::read(&dir.path().join(format!("{name}.wasm"))).unwrap(),
+                    &linker,
+                )
                 .unwrap(),
         );
-        let rt = Arc::new(Runtime::start(config, engine).unwrap());
         let (_clock, env) = env().await;
+        let rt = Arc::new(Runtime::start(config, engine, env.ops.clone()).unwrap());
         let Ok(mut env) = Arc::try_unwrap(env) else {
             unreachable!("a fresh environment has one owner")
         };
@@ -405,7 +405,7 @@ mod tests {
             begin: begin.clone(),
             pending: Arc::new(AtomicUsize::new(pending)),
         };
-        let tracker = Tracker::new(RunningReport::detached(), name, "v");
+        let tracker = Tracker::new(RunningReport::detached(), env.ops.clone(), name, "v");
         let task = tokio::spawn(supervise(rt, svc, Arc::clone(&env), first, tracker));
         (task, env, begin, was_created)
     }

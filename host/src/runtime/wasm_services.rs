@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use wasmtime::component::Linker;
 
 use super::cache;
-use super::component::{self, Compiler, LoadError, LoadStats, ServiceKind};
+use super::component::{self, Compiler, LoadError, LoadStats, ServiceFile, ServiceKind};
 use super::engine::{self, Runtime};
 use super::imports;
 use super::live_dir::{Catalogue, LiveDir};
@@ -18,6 +18,7 @@ use super::progress::Progress;
 use super::reconcile;
 use super::state::Host;
 use super::{Grants, RuntimeConfig, RuntimeError};
+use crate::ops::Ops;
 use crate::services::{RunningServices, SeparateServices, ServiceContext, ServiceError, Services};
 
 /// The services of one directory, compiled and pre-instantiated, ready to start under a
@@ -38,13 +39,14 @@ pub struct WasmServices {
 impl WasmServices {
     /// Compiles (or loads from the cache) every `*.wasm` file of `config.services_dir`.
     /// Files that cannot be services are returned as errors naming the file; the others
-    /// load. Blocks while compiling: call it before campaigning.
+    /// load. The services' metrics go to `ops`. Blocks while compiling: call it before
+    /// campaigning.
     ///
     /// # Errors
     /// When the directory cannot be read, the cache directory cannot be created, or
     /// wasmtime cannot be set up.
-    pub fn load(config: RuntimeConfig) -> Result<(Self, Vec<LoadError>), RuntimeError> {
-        Self::load_until(config, &CancellationToken::new())
+    pub fn load(config: RuntimeConfig, ops: Ops) -> Result<(Self, Vec<LoadError>), RuntimeError> {
+        Self::load_until(config, ops, &CancellationToken::new())
     }
 
     /// Like [`WasmServices::load`], giving up between two files once `stop` is cancelled (a
@@ -55,6 +57,7 @@ impl WasmServices {
     /// As [`WasmServices::load`], and [`RuntimeError::Stopped`] once stopped.
     pub fn load_until(
         config: RuntimeConfig,
+        ops: Ops,
         stop: &CancellationToken,
     ) -> Result<(Self, Vec<LoadError>), RuntimeError> {
         let engine = engine::build(&config)?;
@@ -79,21 +82,20 @@ impl WasmServices {
             }
             let step = progress.start(&path.file_stem().unwrap_or_default().to_string_lossy());
             let compiled_before = compiler.stats.compiled;
-            match compiler.load(&path, &linker) {
+            let file = ServiceFile::read(&path);
+            match file.and_then(|file| {
+                compiler.load(&file, &linker).inspect_err(|_| {
+                    rejected.insert(file.name.clone(), file.version());
+                })
+            }) {
                 Ok(loaded) => {
                     let compiled = compiler.stats.compiled > compiled_before;
                     let duration_ms = step.elapsed_ms();
                     progress.suspend(|| tracing::info!(service = %loaded.name, world = %loaded.kind(), compiled, duration_ms, "service loaded"));
-                    crate::ops::Ops::global().service_loaded(&loaded.name);
+                    ops.service_loaded(&loaded.name);
                     services.insert(loaded.name.clone(), Arc::new(loaded));
                 }
                 Err(e) => {
-                    if let (Some(name), Ok(bytes)) = (
-                        component::service_name(&path),
-                        component::read_service_file(&path),
-                    ) {
-                        rejected.insert(name, component::version_of(&bytes));
-                    }
                     let duration_ms = step.elapsed_ms();
                     progress
                         .suspend(|| tracing::error!(error = %e, duration_ms, "service rejected"));
@@ -112,7 +114,7 @@ impl WasmServices {
             cache_hits = stats.cache_hits,
             "services loaded"
         );
-        let rt = Arc::new(Runtime::start(config, engine)?);
+        let rt = Arc::new(Runtime::start(config, engine, ops)?);
         Ok((
             Self {
                 rt,
@@ -212,7 +214,9 @@ impl CheckReport {
 /// # Errors
 /// As [`WasmServices::load`].
 pub fn check(config: RuntimeConfig) -> Result<CheckReport, RuntimeError> {
-    let (services, errors) = WasmServices::load(config)?;
+    // Nothing runs, so nothing is counted: the loads' series go to a set nobody reads.
+    let unread = Ops::new(Arc::new(crate::clock::SystemClock::local()));
+    let (services, errors) = WasmServices::load(config, unread)?;
     Ok(CheckReport {
         services: services.services(),
         errors,

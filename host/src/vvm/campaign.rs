@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Launcher, Vvm, within_quarter_lease};
+use super::{Launcher, Vvm};
 use crate::clock::Timestamp;
 use crate::elections::{ElectionError, Leadership};
 use crate::holder::crash_lock::DeadHolders;
@@ -27,10 +27,12 @@ impl Launcher {
         value: &str,
         dead: &mut DeadHolders,
     ) -> Option<bool> {
-        let lease = self.vvm.config.lease;
         let holder = lease_value::holder(value);
         let delete = self.vvm.store.compare_and_delete(key, value);
-        match within_quarter_lease(lease, "compare_and_delete", key, delete).await {
+        match self
+            .within_quarter_lease("compare_and_delete", key, delete)
+            .await
+        {
             Ok(deleted) => {
                 tracing::info!(
                     key,
@@ -60,7 +62,7 @@ impl Launcher {
         let read_start = self.vvm.clock.now();
         let record = match store.handed(key) {
             Some(record) => Ok(Some(record)),
-            None => within_quarter_lease(config.lease, "get", key, store.get(key)).await,
+            None => self.within_quarter_lease("get", key, store.get(key)).await,
         };
         match record {
             Ok(Some(record)) if lease_value::holder(&record.value) == config.holder => {
@@ -145,9 +147,7 @@ impl Launcher {
                 wait = wait.max(Duration::from_millis(1));
             }
             // A release during the round has already completed `released`: look again at once.
-            crate::ops::Ops::global()
-                .health()
-                .step_due_in(wait, config.lease);
+            self.vvm.ops.health().step_due_in(wait, config.lease);
             may_be_handed = false;
             tokio::select! {
                 () = self.shutdown.cancelled() => return Ok(None),
@@ -187,7 +187,7 @@ impl Launcher {
         // failure (the insert, if it lands, is ours and is retaken or cleaned up; see
         // `look_at_taken`).
         let attempt = self.elections.acquire(key, &config.holder, config.lease);
-        match within_quarter_lease(config.lease, "acquire", key, attempt).await {
+        match self.within_quarter_lease("acquire", key, attempt).await {
             Ok(Some(leadership)) => return Ok(SlotLook::Ours(leadership)),
             Ok(None) => {}
             Err(ElectionError::CleanedUp) => return Ok(SlotLook::Stop),
@@ -205,7 +205,7 @@ impl Launcher {
     async fn look_at_taken(&self, slot: u32, key: &str, dead: &mut DeadHolders) -> SlotLook {
         let Vvm { config, store, .. } = &self.vvm;
         let read_start = self.vvm.clock.now();
-        match within_quarter_lease(config.lease, "get", key, store.get(key)).await {
+        match self.within_quarter_lease("get", key, store.get(key)).await {
             // A record with our holder value (unique per campaign) is ours: a leader handed it
             // to us as it released it, or an earlier insert of ours failed (a timeout, an
             // error) yet was applied. Take it over as it stands.

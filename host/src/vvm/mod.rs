@@ -71,24 +71,33 @@ pub struct Vvm {
     config: VvmConfig,
     store: Arc<dyn Store>,
     services: Arc<dyn Services>,
+    ops: Ops,
     killer: Arc<Killer>,
     clock: Arc<dyn Clock>,
     holder_locks: Option<Arc<HolderLockDir>>,
 }
 
 impl Vvm {
-    /// Builds a VVM and starts nothing. Its lease deadlines run on `CLOCK_BOOTTIME`, and the
-    /// killer exits the process when it fires.
-    pub fn provide(config: VvmConfig, store: Arc<dyn Store>, services: Arc<dyn Services>) -> Self {
+    /// Builds a VVM and starts nothing. Its lease deadlines run on `CLOCK_BOOTTIME`, the
+    /// killer exits the process when it fires, and the leadership, the lease's next step and
+    /// the killer are reported to `ops`.
+    pub fn provide(
+        config: VvmConfig,
+        store: Arc<dyn Store>,
+        services: Arc<dyn Services>,
+        ops: Ops,
+    ) -> Self {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock::local());
+        let killer = Killer::new(Arc::clone(&clock)).reporting({
+            let ops = ops.clone();
+            move |armed| ops.killer_armed(armed)
+        });
         Self {
             config,
             store,
             services,
-            killer: Arc::new(
-                Killer::new(Arc::clone(&clock))
-                    .reporting(|armed| Ops::global().killer_armed(armed)),
-            ),
+            ops,
+            killer: Arc::new(killer),
             clock,
             holder_locks: None,
         }
@@ -125,9 +134,11 @@ impl Vvm {
             Arc::clone(&self.store),
             Arc::clone(&self.killer),
             Arc::clone(&self.clock),
+            self.ops.clone(),
         );
         elections.hand_over_to(candidates());
         let killer = Arc::clone(&self.killer);
+        let ops = self.ops.clone();
         // Its thread waits from now on, so that winning a slot only arms it. The shutdown
         // sequence (or the panic path below) disarms it, which ends the thread.
         killer.prepare();
@@ -177,7 +188,7 @@ impl Vvm {
                 // release passes the guests' deadline before it deletes the record.
                 elections.cleanup().await;
                 killer.disarm();
-                crate::ops::Ops::global().stepped_down();
+                ops.stepped_down();
                 if let Some(lock) = holder_lock {
                     lock.release();
                 }
@@ -298,7 +309,7 @@ impl Launcher {
         let term = leadership.term();
         tracing::info!(slot, term, "leading");
         self.state.send_replace(VvmState::Leading { slot, term });
-        crate::ops::Ops::global().leading(slot, term, leadership.deadline());
+        self.vvm.ops.leading(slot, term, leadership.deadline());
         // Services hear the stop on shutdown or on leadership loss, whichever is first.
         let stopping = self.shutdown.child_token();
         let monitor_stop = CancellationToken::new();
@@ -342,8 +353,7 @@ impl Launcher {
     /// lead one slot at most, and a host that is not campaigning takes none over.
     async fn hand_on_strays(&self, ours: Option<u32>) {
         let Vvm { config, store, .. } = &self.vvm;
-        let listed =
-            within_quarter_lease(config.lease, "list", SLOT_PREFIX, store.list(SLOT_PREFIX));
+        let listed = self.within_quarter_lease("list", SLOT_PREFIX, store.list(SLOT_PREFIX));
         let records = match listed.await {
             Ok(records) => records,
             Err(e) => {
@@ -359,7 +369,7 @@ impl Launcher {
             }
             let to = candidates();
             let hand_on = store.hand_over(&key, &record.value, &to, config.lease);
-            match within_quarter_lease(config.lease, "hand_over", &key, hand_on).await {
+            match self.within_quarter_lease("hand_over", &key, hand_on).await {
                 Ok(handed) => tracing::info!(key, ?handed, "handed on a slot given to us"),
                 Err(e) => {
                     tracing::warn!(key, error = %e, "could not hand on a slot given to us");
@@ -403,28 +413,29 @@ impl Launcher {
         }
         self.elections.cleanup().await;
         self.vvm.killer.disarm();
-        crate::ops::Ops::global().stepped_down();
+        self.vvm.ops.stepped_down();
         self.state.send_replace(VvmState::ShutDown);
         tracing::info!("shut down");
     }
 }
 
-/// Awaits a store call of the campaign (or of the release) for at most `L/4`; past that it is a transient
-/// failure, so no store call holds the campaign up for ever.
-async fn within_quarter_lease<T, E: From<StoreError>>(
-    lease: Duration,
-    op: &str,
-    key: &str,
-    call: impl Future<Output = Result<T, E>>,
-) -> Result<T, E> {
-    crate::ops::Ops::global()
-        .health()
-        .step_due_in(renew_every(lease), lease);
-    tokio::time::timeout(renew_every(lease), call)
-        .await
-        .unwrap_or_else(|_| {
-            Err(StoreError::transient(format!("{op} {key}"), "no answer within L/4").into())
-        })
+impl Launcher {
+    /// Awaits a store call of the campaign (or of the release) for at most `L/4`; past that
+    /// it is a transient failure, so no store call holds the campaign up for ever.
+    async fn within_quarter_lease<T, E: From<StoreError>>(
+        &self,
+        op: &str,
+        key: &str,
+        call: impl Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
+        let lease = self.vvm.config.lease;
+        self.vvm.ops.health().step_due_in(renew_every(lease), lease);
+        tokio::time::timeout(renew_every(lease), call)
+            .await
+            .unwrap_or_else(|_| {
+                Err(StoreError::transient(format!("{op} {key}"), "no answer within L/4").into())
+            })
+    }
 }
 
 /// The leadership monitor: on loss, report [`Problem::LeadershipLost`] and tell the services

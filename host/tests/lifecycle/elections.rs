@@ -14,9 +14,9 @@ use vvm_host::lease::valid_until;
 use vvm_host::lease_value::{self, ServiceStatus};
 use vvm_host::store::{MemStore, TtlStore};
 
-use crate::common::child;
 use crate::common::journal::Journal;
 use crate::common::store::{Call, Fault, FaultyStore, Op, mem_store};
+use crate::common::{child, ops};
 
 const L: Duration = Duration::from_secs(20);
 const KEY: &str = "slot/1";
@@ -35,7 +35,12 @@ fn fixture_on(mem: MemStore) -> Fixture {
     let store = FaultyStore::new(mem, "a", &journal);
     let clock = TokioClock::new();
     let (fired, killer) = Killer::counting(Arc::new(clock.clone()));
-    let elections = Elections::new(store.clone(), Arc::clone(&killer), Arc::new(clock.clone()));
+    let elections = Elections::new(
+        store.clone(),
+        Arc::clone(&killer),
+        Arc::new(clock.clone()),
+        ops(),
+    );
     Fixture {
         clock,
         store,
@@ -569,8 +574,12 @@ fn the_real_killer_ends_a_process_whose_store_stalls_before_the_record_can_expir
             let journal = Journal::default();
             let store = FaultyStore::new(mem_store(), "child", &journal);
             let clock = Arc::new(SystemClock::local());
-            let elections =
-                Elections::new(store.clone(), Arc::new(Killer::new(clock.clone())), clock);
+            let elections = Elections::new(
+                store.clone(),
+                Arc::new(Killer::new(clock.clone())),
+                clock,
+                ops(),
+            );
             let start = std::time::SystemTime::now();
             let _lead = elections.acquire(KEY, ME, LEASE).await.unwrap().unwrap();
             println!("acquired_ms={}", child::unix_ms(start));

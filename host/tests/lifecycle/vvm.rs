@@ -12,10 +12,10 @@ use vvm_host::problem::{Problem, ProblemReporter};
 use vvm_host::store::{MemStore, StoreError, TtlStore};
 use vvm_host::vvm::{LaunchedVvm, Vvm, VvmConfig, VvmState};
 
-use crate::common::child;
 use crate::common::journal::{Event, Journal};
 use crate::common::services::{Behaviour, RecordingServices};
 use crate::common::store::{Fault, FaultyStore, Op, mem_store};
+use crate::common::{child, ops};
 
 const L: Duration = Duration::from_secs(20);
 const MS: Duration = Duration::from_millis(1);
@@ -53,7 +53,7 @@ fn launch_on(
     let services = RecordingServices::new(&config.holder, b, journal);
     let clock = TokioClock::new();
     let (fired, killer) = Killer::counting(Arc::new(clock.clone()));
-    let vvm = Vvm::provide(config, store.clone(), services.clone())
+    let vvm = Vvm::provide(config, store.clone(), services.clone(), ops())
         .with_clock_and_killer(Arc::new(clock), Arc::clone(&killer))
         .with_holder_locks(locks)
         .launch();
@@ -129,7 +129,7 @@ async fn provide_starts_nothing() {
     let journal = Journal::default();
     let store = FaultyStore::new(mem_store(), "a", &journal);
     let services = RecordingServices::new("a", Behaviour::default(), &journal);
-    let vvm = Vvm::provide(config("a", 1), store.clone(), services.clone());
+    let vvm = Vvm::provide(config("a", 1), store.clone(), services.clone(), ops());
     sleep(L).await;
     assert!(store.calls().is_empty());
     assert!(journal.is_empty());
@@ -342,7 +342,7 @@ async fn shutdown_while_an_acquisition_hangs_ends_and_cleans_up_the_write() {
     let services = RecordingServices::new("a", Behaviour::default(), &journal);
     let clock = TokioClock::new();
     let (_, killer) = Killer::counting(Arc::new(clock.clone()));
-    let vvm = Vvm::provide(cfg, store.clone(), services)
+    let vvm = Vvm::provide(cfg, store.clone(), services, ops())
         .with_clock_and_killer(Arc::new(clock), Arc::clone(&killer))
         .launch();
     sleep(Duration::from_secs(3)).await;
@@ -552,7 +552,7 @@ async fn a_release_while_the_standby_is_looking_is_not_missed() {
     let services = RecordingServices::new("b", Behaviour::default(), &journal);
     let clock = TokioClock::new();
     let (_, killer) = Killer::counting(Arc::new(clock.clone()));
-    let b = Vvm::provide(cfg, store, services)
+    let b = Vvm::provide(cfg, store, services, ops())
         .with_clock_and_killer(Arc::new(clock), killer)
         .launch();
     sleep(Duration::from_millis(500)).await;
@@ -699,7 +699,7 @@ fn the_real_killer_ends_a_vvm_whose_services_ignore_the_stop_before_the_lease_pa
             let services = RecordingServices::new("a", b, &journal);
             let mut cfg = config("a", 1);
             cfg.lease = LEASE;
-            let vvm = Vvm::provide(cfg, store.clone(), services).launch();
+            let vvm = Vvm::provide(cfg, store.clone(), services, ops()).launch();
             let mut state = vvm.state();
             state
                 .wait_for(|s| matches!(s, VvmState::Leading { .. }))
@@ -774,7 +774,7 @@ async fn an_insert_applied_despite_an_error_does_not_make_the_host_wait_for_itse
     let clock = TokioClock::new();
     let (_, killer) = Killer::counting(Arc::new(clock.clone()));
     let t0 = Instant::now();
-    let vvm = Vvm::provide(config(name, 1), store, services)
+    let vvm = Vvm::provide(config(name, 1), store, services, ops())
         .with_clock_and_killer(Arc::new(clock), Arc::clone(&killer))
         .launch();
     let mut state = vvm.state();
@@ -800,7 +800,7 @@ async fn a_store_call_that_never_answers_does_not_hang_the_campaign() {
     let clock = TokioClock::new();
     let (_, killer) = Killer::counting(Arc::new(clock.clone()));
     let t0 = Instant::now();
-    let vvm = Vvm::provide(config("a", 1), store, services)
+    let vvm = Vvm::provide(config("a", 1), store, services, ops())
         .with_clock_and_killer(Arc::new(clock), killer)
         .launch();
     let mut state = vvm.state();

@@ -17,7 +17,7 @@ use crate::lease::{
     LeaseDeadline, attempt_patience, release_patience, renew_every, retry_pause, valid_until,
 };
 use crate::lease_value::RunningReport;
-use crate::ops::{Ops, RenewalOutcome};
+use crate::ops::RenewalOutcome;
 use crate::problem::{Problem, ProblemReporter};
 use crate::services::{LeaseInfo, ServiceContext, ServiceError};
 use crate::store::{StoreError, Term};
@@ -52,7 +52,7 @@ impl Member {
                 .since_boot
                 .saturating_sub(start.since_boot);
             let answer = outcome.as_ref().map(|_| true).map_err(|_| ());
-            Ops::global().renewal(RenewalOutcome::of(&answer), took);
+            self.s.ops.renewal(RenewalOutcome::of(&answer), took);
             match outcome {
                 Ok(renewed) => {
                     self.last_renewal = Some(start);

@@ -14,6 +14,7 @@ use super::{Spread, SpreadConfig};
 use crate::clock::{Clock, TokioClock};
 use crate::keys::{MEMBER_PREFIX, SERVICE_PREFIX};
 use crate::killer::Killer;
+use crate::ops::Ops;
 use crate::services::{RunningServices, SeparateServices, ServiceContext, ServiceError};
 use crate::store::{MemStore, TtlStore};
 
@@ -234,7 +235,7 @@ impl Group {
         };
         let stop = CancellationToken::new();
         let run = tokio::spawn(
-            Spread::new(config, store, services)
+            Spread::new(config, store, services, Ops::new(Arc::clone(&clock)))
                 .with_clock_and_killer(clock, Arc::clone(&killer))
                 .run(stop.clone()),
         );

@@ -2,24 +2,18 @@
 //! a release within a millisecond or so instead of at its next poll.
 
 use std::io;
-use std::os::fd::OwnedFd;
 use std::path::Path;
-use std::thread::JoinHandle;
 
-use rustix::event::{EventfdFlags, PollFd, PollFlags, eventfd, poll};
 use rustix::fs::inotify::{self, CreateFlags, WatchFlags};
 use tokio::sync::watch;
 
+use crate::fs::{Wake, Waker, WatchThread};
+
 /// A thread blocked on an inotify watch of one file, counting the bursts of writes it sees.
-///
-/// A thread rather than tokio's `AsyncFd`, whose safe constructor is deprecated as unsound
-/// and whose replacement is `unsafe`; one thread per open store costs nothing that matters.
-/// Dropping the watch stops and joins the thread.
+/// Dropping the watch stops the thread.
 pub(super) struct FileWatch {
     changes: watch::Receiver<u64>,
-    /// Written on drop to wake the thread from `poll`.
-    stop: OwnedFd,
-    thread: Option<JoinHandle<()>>,
+    _thread: WatchThread,
 }
 
 impl FileWatch {
@@ -37,22 +31,17 @@ impl FileWatch {
                 | WatchFlags::DELETE_SELF
                 | WatchFlags::MOVE_SELF,
         )?;
-        let stop = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
-        let stop_rx = stop.try_clone()?;
         let (tx, changes) = watch::channel(0_u64);
         let name = path.display().to_string();
-        let thread = std::thread::Builder::new()
-            .name("redb-store-watch".into())
-            .spawn(move || {
-                if let Err(e) = run(&inotify, &stop_rx, &tx, &on_write) {
-                    // Dropping `tx` tells the waiters, who fall back to polling.
-                    tracing::warn!(path = %name, error = %e, "redb store file watch ended");
-                }
-            })?;
+        let thread = WatchThread::spawn("redb-store-watch", inotify, move |waker| {
+            if let Err(e) = run(waker, &tx, &on_write) {
+                // Dropping `tx` tells the waiters, who fall back to polling.
+                tracing::warn!(path = %name, error = %e, "redb store file watch ended");
+            }
+        })?;
         Ok(Self {
             changes,
-            stop,
-            thread: Some(thread),
+            _thread: thread,
         })
     }
 
@@ -64,42 +53,17 @@ impl FileWatch {
     }
 }
 
-impl Drop for FileWatch {
-    fn drop(&mut self) {
-        if rustix::io::write(&self.stop, &1_u64.to_ne_bytes()).is_ok()
-            && let Some(thread) = self.thread.take()
-        {
-            // The thread only polls and drains: it ends at once.
-            let _ = thread.join();
-        }
-    }
-}
-
-/// Until `stop` is signalled: wait for inotify events, drain them, run `on_write`, bump the
+/// Until the watch is dropped: after each burst of events, run `on_write` and bump the
 /// counter.
-fn run(
-    inotify: &OwnedFd,
-    stop: &OwnedFd,
-    tx: &watch::Sender<u64>,
-    on_write: &dyn Fn(),
-) -> io::Result<()> {
+fn run(waker: &Waker, tx: &watch::Sender<u64>, on_write: &dyn Fn()) -> io::Result<()> {
     loop {
-        let mut fds = [
-            PollFd::new(inotify, PollFlags::IN),
-            PollFd::new(stop, PollFlags::IN),
-        ];
-        match poll(&mut fds, None) {
-            Ok(_) => {}
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => return Err(e.into()),
-        }
-        if !fds[1].revents().is_empty() {
-            return Ok(());
-        }
-        if !fds[0].revents().is_empty() {
-            crate::fs::drain_events(inotify)?;
-            on_write();
-            tx.send_modify(|n| *n = n.wrapping_add(1));
+        match waker.wait(None)? {
+            Wake::Stop => return Ok(()),
+            Wake::Events => {
+                on_write();
+                tx.send_modify(|n| *n = n.wrapping_add(1));
+            }
+            Wake::Timeout => {}
         }
     }
 }
