@@ -51,6 +51,64 @@ pub fn valid_until(start: Timestamp, lease: Duration) -> Timestamp {
     start.after(lease.mul_f64(0.8))
 }
 
+/// One lease held here (a slot, or a spread claim), as the local lease rule sees it: the
+/// killer's part, *start of the last successful write + 0.8·L*, which only a write moves and
+/// never a loss; and the guests' deadline ([`LeaseDeadline`]), which follows it while the lease
+/// is in use and is pulled in to *now* once it is lost or let go. The killer waits for the
+/// earliest killer's part of every lease held ([`earliest`]).
+#[derive(Debug)]
+pub(crate) struct LocalLease {
+    written_until: Timestamp,
+    deadline: watch::Sender<Timestamp>,
+}
+
+impl LocalLease {
+    /// A lease whose write began at `start`.
+    pub(crate) fn written(start: Timestamp, lease: Duration) -> Self {
+        let until = valid_until(start, lease);
+        Self {
+            written_until: until,
+            deadline: watch::Sender::new(until),
+        }
+    }
+
+    /// False when the write took so long that the deadline had passed by `now`: arming the
+    /// killer for it would end a process that runs nothing under it; give it back unused.
+    pub(crate) fn usable(&self, now: Timestamp) -> bool {
+        self.written_until.left_from(now).is_some()
+    }
+
+    /// A renewal that began at `start` was written: the killer's part moves, and the guests'
+    /// deadline with it if `guests` (not once the lease is lost or its service is stopping:
+    /// their deadline never moves later again).
+    pub(crate) fn renewed(&mut self, start: Timestamp, lease: Duration, guests: bool) {
+        self.written_until = valid_until(start, lease);
+        if guests {
+            self.deadline.send_replace(self.written_until);
+        }
+    }
+
+    /// Lost or let go at `now`: no guest effect from now on. The killer's part stays.
+    pub(crate) fn pull_in(&self, now: Timestamp) {
+        self.deadline.send_replace(now);
+    }
+
+    /// The killer's part.
+    pub(crate) fn written_until(&self) -> Timestamp {
+        self.written_until
+    }
+
+    /// The guests' deadline, read on `clock`.
+    pub(crate) fn deadline(&self, clock: Arc<dyn Clock>) -> LeaseDeadline {
+        LeaseDeadline::from_sender(clock, &self.deadline)
+    }
+}
+
+/// The killer's deadline for `leases`: the earliest killer's part, if any is held.
+pub(crate) fn earliest<'a>(leases: impl IntoIterator<Item = &'a LocalLease>) -> Option<Timestamp> {
+    leases.into_iter().map(LocalLease::written_until).min()
+}
+
 /// The local lease deadline (*valid-until*): the start of the last successful write plus
 /// 0.8·L, or the moment the lease was known lost. Past it no guest output or host call may
 /// take effect (SPEC §4, §6). Read on a [`Clock`] that counts suspend. Cheap to clone.

@@ -31,7 +31,7 @@ pub use candidacy::Candidacy;
 
 use crate::clock::{Clock, Timestamp};
 use crate::killer::Killer;
-use crate::lease::{LeaseDeadline, release_patience, valid_until};
+use crate::lease::{LeaseDeadline, LocalLease, earliest, release_patience};
 use crate::lease_value::{self, RunningReport, ServiceStatus};
 use crate::ops::Ops;
 use crate::store::{Candidates, HandOver, Record, Store, StoreError, Term};
@@ -73,7 +73,7 @@ impl State {
     /// The killer's deadline: the earliest `last successful write + 0.8·L` of every lease still
     /// held (lost ones included, until they are released: their services may still run).
     fn killer_deadline(&self) -> Option<Timestamp> {
-        self.held.values().map(|h| h.written_until).min()
+        earliest(self.held.values().map(|h| &h.local))
     }
 }
 
@@ -84,11 +84,10 @@ struct Held {
     /// that timed out, or is still in flight). All of them are ours.
     values: Vec<String>,
     lease: Duration,
-    /// Start of the last successful write + 0.8·L. Unlike the guests' deadline it is not
-    /// pulled in on loss: the killer waits for it while the shutdown sequence runs.
-    written_until: Timestamp,
-    /// The guests' deadline, pulled in to *now* before the record is deleted.
-    deadline: watch::Sender<Timestamp>,
+    /// The killer's part and the guests' deadline, pulled in to *now* on loss and before
+    /// the record is deleted. Moved only here, under the state lock, so a renewal that ends
+    /// as the lease is released cannot move it later again.
+    local: LocalLease,
     stop: CancellationToken,
     lost: CancellationToken,
     renewal: JoinHandle<()>,
@@ -233,15 +232,15 @@ impl Elections {
         lease: Duration,
         start: Timestamp,
     ) -> Result<Option<Leadership>, ElectionError> {
-        let until = valid_until(start, lease);
-        if until.left_from(self.clock.now()).is_none() {
+        let local = LocalLease::written(start, lease);
+        if !local.usable(self.clock.now()) {
             // The write took so long that the lease is already past its local deadline: arming
             // the killer now would end a process that runs no service. Give it straight back.
             tracing::warn!(key, term, "acquired too late to use; releasing");
             self.delete_bounded(key, value, lease).await;
             return Ok(None);
         }
-        let (deadline_tx, deadline) = LeaseDeadline::manual(Arc::clone(&self.clock), until);
+        let deadline = local.deadline(Arc::clone(&self.clock));
         let (running, running_rx) = RunningReport::new();
         let lost = CancellationToken::new();
         let registered = {
@@ -251,8 +250,10 @@ impl Elections {
             } else {
                 // Armed under the lock, so cleanup cannot slip between arming and recording.
                 // With several leases the killer keeps the earliest deadline of them all.
-                let earliest = state.killer_deadline().map_or(until, |d| d.min(until));
-                self.killer.arm(earliest);
+                let held = state.held.values().map(|h| &h.local);
+                if let Some(earliest) = earliest(held.chain([&local])) {
+                    self.killer.arm(earliest);
+                }
                 let stop = CancellationToken::new();
                 let renewal = tokio::spawn(Arc::clone(self).renew(Renewal {
                     key: key.to_owned(),
@@ -261,15 +262,13 @@ impl Elections {
                     running: running_rx,
                     lease,
                     last_start: start,
-                    deadline: deadline_tx.clone(),
                     stop: stop.clone(),
                     lost: lost.clone(),
                 }));
                 let held = Held {
                     values: vec![value.to_owned()],
                     lease,
-                    written_until: until,
-                    deadline: deadline_tx,
+                    local,
                     stop,
                     lost: lost.clone(),
                     renewal,
@@ -327,7 +326,7 @@ impl Elections {
         self.ops.health().idle();
         // Whatever still runs under this lease (nothing, after an orderly shutdown) has no
         // effect from here on: the record is about to go, and another host may take it.
-        held.deadline.send_replace(self.clock.now());
+        held.local.pull_in(self.clock.now());
         // A renewal stopped mid-write may still land: every value we may have written is tried.
         let candidates = self.lock().candidates.clone();
         for value in &held.values {
@@ -446,7 +445,6 @@ struct Renewal {
     lease: Duration,
     /// Start of the last successful write.
     last_start: Timestamp,
-    deadline: watch::Sender<Timestamp>,
     stop: CancellationToken,
     lost: CancellationToken,
 }

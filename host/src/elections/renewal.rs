@@ -10,7 +10,7 @@ use tokio::time::sleep;
 
 use super::{Elections, Renewal};
 use crate::clock::Timestamp;
-use crate::lease::{RENEW_ATTEMPTS, attempt_patience, renew_every, retry_pause, valid_until};
+use crate::lease::{RENEW_ATTEMPTS, attempt_patience, renew_every, retry_pause};
 use crate::lease_value;
 use crate::ops::RenewalOutcome;
 use crate::store::StoreError;
@@ -20,12 +20,10 @@ impl Elections {
     /// move to its start + 0.8·L. Only a successful write moves them later; the killer keeps
     /// the earliest deadline of every lease held.
     fn renewed(&self, r: &mut Renewal, cas_start: Timestamp, new: String, took: Duration) {
-        let until = valid_until(cas_start, r.lease);
-        r.deadline.send_replace(until);
         {
             let mut state = self.lock();
             if let Some(held) = state.held.get_mut(&r.key) {
-                held.written_until = until;
+                held.local.renewed(cas_start, r.lease, true);
                 held.values = vec![new.clone()];
             }
             if let Some(earliest) = state.killer_deadline() {
@@ -141,7 +139,9 @@ impl Elections {
     /// [`Elections::cleanup`] once its services are stopped; failing that it expires at
     /// `last write + L`, after the killer's `+ 0.8·L`.
     fn give_up(&self, r: &Renewal) {
-        r.deadline.send_replace(self.clock.now());
+        if let Some(held) = self.lock().held.get(&r.key) {
+            held.local.pull_in(self.clock.now());
+        }
         r.lost.cancel();
         // No renewal step is due any more: the shutdown sequence (grace period) is not a wedge.
         self.ops.health().idle();

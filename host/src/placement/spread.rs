@@ -33,7 +33,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
@@ -41,7 +41,7 @@ use tokio_util::task::AbortOnDropHandle;
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::keys::member_key;
 use crate::killer::Killer;
-use crate::lease::{release_patience, renew_every};
+use crate::lease::{LocalLease, release_patience, renew_every};
 use crate::ops::Ops;
 use crate::problem::ProblemReporter;
 use crate::services::{RunningServices, SeparateServices};
@@ -160,10 +160,8 @@ impl Spread {
 struct Claim {
     key: String,
     term: Term,
-    /// Start of the last successful write of the claim + 0.8·L: the killer's part.
-    written_until: Timestamp,
-    /// The guests' deadline: `written_until` while running, *now* once lost.
-    deadline: watch::Sender<Timestamp>,
+    /// The killer's part and the guests' deadline (moved while running, *now* once lost).
+    local: LocalLease,
     problems: ProblemReporter,
     phase: Phase,
     /// Wakes the loop when the service reports a problem.

@@ -6,7 +6,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
@@ -14,7 +13,7 @@ use super::{Claim, Member, Phase};
 use crate::clock::Timestamp;
 use crate::keys::{MEMBER_PREFIX, SERVICE_PREFIX, service_key};
 use crate::lease::{
-    LeaseDeadline, attempt_patience, release_patience, renew_every, retry_pause, valid_until,
+    LocalLease, attempt_patience, earliest, release_patience, renew_every, retry_pause,
 };
 use crate::lease_value::RunningReport;
 use crate::ops::RenewalOutcome;
@@ -81,17 +80,15 @@ impl Member {
 
     /// Applies a renewal that started at `start` and renewed `renewed`.
     pub(super) fn renewed(&mut self, start: Timestamp, renewed: &[(String, Term)]) {
-        let until = valid_until(start, self.lease());
+        let lease = self.lease();
         let renewed: HashMap<&str, Term> = renewed.iter().map(|(k, t)| (k.as_str(), *t)).collect();
         self.record_known = renewed.contains_key(self.record_key.as_str());
         let mut lost = Vec::new();
         for (name, claim) in &mut self.claims {
             if renewed.get(claim.key.as_str()) == Some(&claim.term) {
                 // Only a successful write moves a deadline later.
-                claim.written_until = until;
-                if matches!(claim.phase, Phase::Running { .. }) {
-                    claim.deadline.send_replace(until);
-                }
+                let running = matches!(claim.phase, Phase::Running { .. });
+                claim.local.renewed(start, lease, running);
             } else if matches!(claim.phase, Phase::Running { .. }) {
                 lost.push(name.clone());
             }
@@ -114,7 +111,7 @@ impl Member {
                 term,
                 "releasing a claim of ours that runs nothing"
             );
-            let claim = self.new_claim(&name, term, until);
+            let claim = self.new_claim(&name, term, start);
             self.claims.insert(name.clone(), claim);
             self.begin_stop(&name);
         }
@@ -126,7 +123,7 @@ impl Member {
         if let Some(claim) = self.claims.get(name)
             && matches!(claim.phase, Phase::Running { .. })
         {
-            claim.deadline.send_replace(self.s.clock.now());
+            claim.local.pull_in(self.s.clock.now());
             self.begin_stop(name);
         }
     }
@@ -256,17 +253,18 @@ impl Member {
                 return false;
             }
         };
-        let until = valid_until(start, lease);
-        let mut claim = self.new_claim(name, term, until);
-        if until.left_from(self.s.clock.now()).is_none() {
+        let mut claim = self.new_claim(name, term, start);
+        if !claim.local.usable(self.s.clock.now()) {
             tracing::warn!(service = name, term, "claimed too late to use; releasing");
             self.claims.insert(name.to_owned(), claim);
             self.begin_stop(name);
             return false;
         }
         // Armed before any guest can run under the claim.
-        let earliest = self.killer_deadline().map_or(until, |d| d.min(until));
-        self.s.killer.arm(earliest);
+        let held = self.claims.values().map(|c| &c.local);
+        if let Some(earliest) = earliest(held.chain([&claim.local])) {
+            self.s.killer.arm(earliest);
+        }
         tracing::info!(service = name, term, "claimed");
         let stopping = CancellationToken::new();
         let ctx = ServiceContext {
@@ -277,7 +275,7 @@ impl Member {
                 term,
                 lease,
             },
-            deadline: LeaseDeadline::from_sender(Arc::clone(&self.s.clock), &claim.deadline),
+            deadline: claim.local.deadline(Arc::clone(&self.s.clock)),
             stopping: stopping.clone(),
             problems: claim.problems.clone(),
             store: Arc::clone(&self.s.store),
@@ -311,8 +309,8 @@ impl Member {
         }
     }
 
-    /// A claim record just written (`until` = its start + 0.8·L), not running anything yet.
-    pub(super) fn new_claim(&self, name: &str, term: Term, until: Timestamp) -> Claim {
+    /// A claim record whose write began at `start`, not running anything yet.
+    pub(super) fn new_claim(&self, name: &str, term: Term, start: Timestamp) -> Claim {
         let problems = ProblemReporter::default();
         let watch = {
             let (problems, wake) = (problems.clone(), Arc::clone(&self.wake));
@@ -324,8 +322,7 @@ impl Member {
         Claim {
             key: service_key(name),
             term,
-            written_until: until,
-            deadline: watch::Sender::new(until),
+            local: LocalLease::written(start, self.lease()),
             problems,
             phase: Phase::Claimed,
             _problem_watch: AbortOnDropHandle::new(watch),
@@ -333,7 +330,7 @@ impl Member {
     }
 
     pub(super) fn killer_deadline(&self) -> Option<Timestamp> {
-        self.claims.values().map(|c| c.written_until).min()
+        earliest(self.claims.values().map(|c| &c.local))
     }
 
     /// The killer at the earliest deadline of every claim; disarmed while none is held (no
