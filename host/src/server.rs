@@ -363,6 +363,7 @@ fn needs_restart(a: &Settings, b: &Settings) -> Vec<&'static str> {
             "restart-backoff-max",
             a.restart_backoff_max != b.restart_backoff_max,
         ),
+        ("kv", a.kv != b.kv),
     ];
     differs
         .into_iter()

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::error::ConfigError;
-use super::service::GrantConfig;
+use super::service::{GrantConfig, KvLimitsConfig};
 
 /// The wait before a failed service's first restart; each failure in a row doubles it.
 pub const RESTART_BACKOFF_INITIAL: Duration = Duration::from_millis(100);
@@ -30,6 +30,20 @@ pub const MIN_HANDLE_LIMIT: u32 = 16;
 pub const MAX_HANDLE_LIMIT: u32 = 100_000;
 /// The largest cluster size: every standby tries every slot each round.
 pub const MAX_CLUSTER_SIZE: u32 = 1024;
+/// The longest key-value key a limit may allow, in bytes.
+pub const MAX_KV_KEY_BYTES: u64 = 4096;
+/// The largest key-value value a limit may allow: 1 MiB, what portable guests assume (Spin's
+/// SIP-010), and what one etcd request (1.5 MiB by default) still carries with its key.
+pub const MAX_KV_VALUE_BYTES: u64 = 1 << 20;
+/// The most keys a limit may allow in one namespace.
+pub const MAX_KV_KEYS: u64 = 10_000_000;
+/// The most bytes a limit may allow in one namespace: 8 GiB, etcd's largest recommended
+/// database (its default quota is 2 GiB, for every namespace and the leases together).
+pub const MAX_KV_BYTES: u64 = 8 << 30;
+/// The highest key-value write rate a limit may allow, per service.
+pub const MAX_KV_WRITES_PER_SECOND: u32 = 100_000;
+/// The longest name of a key-value bucket.
+pub const MAX_BUCKET_NAME: usize = 64;
 
 /// The values [`validate`] bounds.
 #[derive(Clone, Copy, Debug)]
@@ -151,6 +165,72 @@ pub(super) fn check_services(grants: &BTreeMap<String, GrantConfig>) -> Result<(
                 reason: format!("service {name}: {reason}"),
             })?;
         }
+        check_kv_limits("service.*.kv", &format!("service {name}: "), &grant.kv)?;
+        for bucket in &grant.kv_buckets {
+            check_bucket_name(bucket).map_err(|reason| ConfigError::Invalid {
+                name: "service.*.kv-buckets",
+                reason: format!("service {name}: bucket {bucket:?} {reason}"),
+            })?;
+        }
+        if let Some(key) = grant.config.keys().find(|k| k.is_empty()) {
+            return Err(ConfigError::Invalid {
+                name: "service.*.config",
+                reason: format!("service {name}: config key {key:?} is empty"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Checks the key-value limits of `[kv]` (`setting` `"kv"`, `whose` empty) or of one
+/// service's table.
+///
+/// # Errors
+/// Naming the setting, the limit and its bounds.
+pub(super) fn check_kv_limits(
+    setting: &'static str,
+    whose: &str,
+    limits: &KvLimitsConfig,
+) -> Result<(), ConfigError> {
+    let checks = [
+        ("max-key-bytes", limits.max_key_bytes, MAX_KV_KEY_BYTES),
+        (
+            "max-value-bytes",
+            limits.max_value_bytes,
+            MAX_KV_VALUE_BYTES,
+        ),
+        ("max-keys", limits.max_keys, MAX_KV_KEYS),
+        ("max-bytes", limits.max_bytes, MAX_KV_BYTES),
+        (
+            "writes-per-second",
+            limits.writes_per_second.map(u64::from),
+            u64::from(MAX_KV_WRITES_PER_SECOND),
+        ),
+    ];
+    for (key, value, max) in checks {
+        if let Some(value) = value
+            && !(1..=max).contains(&value)
+        {
+            return Err(ConfigError::Invalid {
+                name: setting,
+                reason: format!("{whose}{key} = {value} is out of range 1..={max}"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Whether `name` can name a shared bucket: 1 to [`MAX_BUCKET_NAME`] letters, digits, `.`,
+/// `_` or `-`, and not `default` (the service's own namespace).
+fn check_bucket_name(name: &str) -> Result<(), String> {
+    if name == "default" {
+        return Err("is the service's own namespace; name a shared bucket".to_owned());
+    }
+    let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    if name.is_empty() || name.len() > MAX_BUCKET_NAME || !name.chars().all(valid) {
+        return Err(format!(
+            "is not 1 to {MAX_BUCKET_NAME} letters, digits, '.', '_' or '-'"
+        ));
     }
     Ok(())
 }

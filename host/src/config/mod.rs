@@ -26,10 +26,10 @@ pub use bounds::{
 pub use error::ConfigError;
 use parse::{opt_addr, opt_duration};
 pub use parse::{parse_duration, parse_metrics_addr};
-pub use service::{GrantConfig, HAND_OVER_MEMORY, OnFailure};
+pub use service::{ConfigValue, GrantConfig, HAND_OVER_MEMORY, KvLimitsConfig, OnFailure};
 
 use crate::fs::{MAX_SETTINGS_FILE_BYTES, read_file};
-use bounds::{check_services, check_store};
+use bounds::{check_kv_limits, check_services, check_store};
 
 /// The configuration file read when `--config` is not given and the file exists.
 pub const DEFAULT_CONFIG_FILE: &str = "vvm.toml";
@@ -76,6 +76,8 @@ pub struct FileConfig {
     pub restart_backoff_max: Option<Duration>,
     /// etcd client options.
     pub etcd: Option<EtcdFileConfig>,
+    /// `[kv]`: every service's key-value limits, unless its own table sets one.
+    pub kv: Option<KvLimitsConfig>,
     /// Per-service grants, keyed by service name (the `.wasm` file stem).
     #[serde(default)]
     pub service: BTreeMap<String, GrantConfig>,
@@ -233,6 +235,8 @@ pub struct Settings {
     pub placement: Placement,
     /// The longest wait between restarts of a failing service (per service: its grant).
     pub restart_backoff_max: Duration,
+    /// Key-value limits of every service (per service: its grant), from the file's `[kv]`.
+    pub kv: KvLimitsConfig,
 }
 
 impl Settings {
@@ -323,6 +327,7 @@ impl Settings {
                 .or(file.restart_backoff_max)
                 .unwrap_or(DEFAULT_RESTART_BACKOFF_MAX),
             services,
+            kv: file.kv.unwrap_or_default(),
             grants: file.service,
         };
         validate(&Bounded {
@@ -334,6 +339,7 @@ impl Settings {
             handle_limit: settings.handle_limit,
             restart_backoff_max: settings.restart_backoff_max,
         })?;
+        check_kv_limits("kv", "", &settings.kv)?;
         check_services(&settings.grants)?;
         Ok(settings)
     }

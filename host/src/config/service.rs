@@ -1,6 +1,10 @@
-//! `[service.NAME]` in `vvm.toml` (SPEC §6, §8): what one service may reach beyond its sandbox,
-//! and what its failures do. The runtime turns it into its grants (`runtime::config`).
+//! `[service.NAME]` in `vvm.toml` (SPEC §6, §8, §10): what one service may reach beyond its
+//! sandbox, its key-value buckets and limits, its configuration, and what its failures do. The
+//! runtime turns it into its grants (`runtime::config`).
 
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -27,6 +31,99 @@ pub struct GrantConfig {
     /// What a failure of this service does beyond its restart. Default: nothing.
     #[serde(default)]
     pub on_failure: OnFailure,
+    /// Named key-value buckets this service may open besides its own (`kv-buckets`); a
+    /// bucket is shared by every service granted its name.
+    #[serde(default)]
+    pub kv_buckets: Vec<String>,
+    /// `[service.NAME.kv]`: this service's key-value limits, over the host-wide `[kv]`.
+    #[serde(default)]
+    pub kv: KvLimitsConfig,
+    /// `[service.NAME.config]`: what `wasi:config/store` gives the service.
+    #[serde(default)]
+    pub config: BTreeMap<String, ConfigValue>,
+}
+
+/// `[kv]` (host-wide) and `[service.NAME.kv]`: limits on a service's key-value data. A key a
+/// service's table leaves out is the host-wide one, and one that is left out there too is the
+/// default (`runtime::KvLimits`).
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct KvLimitsConfig {
+    /// The longest key, in bytes.
+    pub max_key_bytes: Option<u64>,
+    /// The largest value, in bytes.
+    pub max_value_bytes: Option<u64>,
+    /// The most keys in one namespace.
+    pub max_keys: Option<u64>,
+    /// The most bytes (keys and values) in one namespace.
+    pub max_bytes: Option<u64>,
+    /// Writes per second, on average; up to this many at once.
+    pub writes_per_second: Option<u32>,
+}
+
+impl KvLimitsConfig {
+    /// These limits, each falling back to `lower`'s where this one has none.
+    #[must_use]
+    pub fn over(self, lower: Self) -> Self {
+        Self {
+            max_key_bytes: self.max_key_bytes.or(lower.max_key_bytes),
+            max_value_bytes: self.max_value_bytes.or(lower.max_value_bytes),
+            max_keys: self.max_keys.or(lower.max_keys),
+            max_bytes: self.max_bytes.or(lower.max_bytes),
+            writes_per_second: self.writes_per_second.or(lower.writes_per_second),
+        }
+    }
+}
+
+/// One value of `[service.NAME.config]`: written in the file, or read when the settings are
+/// (at start and at SIGHUP) from the host's environment or from a file. A value read from
+/// the environment or a file is a secret: its `Debug` shows where it comes from, never what
+/// it is, and no error message or log line carries it.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "toml::Value")]
+pub enum ConfigValue {
+    /// `key = "value"` (a number or a boolean is taken as its text).
+    Plain(String),
+    /// `key = { env = "VAR" }`.
+    Env(String),
+    /// `key = { file = "PATH" }` (systemd `LoadCredential=`, Kubernetes secrets).
+    File(PathBuf),
+}
+
+impl fmt::Debug for ConfigValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Plain(v) => write!(f, "{v:?}"),
+            Self::Env(var) => write!(f, "{{ env = {var:?} }}"),
+            Self::File(path) => write!(f, "{{ file = {path:?} }}"),
+        }
+    }
+}
+
+impl TryFrom<toml::Value> for ConfigValue {
+    type Error = String;
+
+    fn try_from(raw: toml::Value) -> Result<Self, String> {
+        const SHAPE: &str = r#"a config value is a string, { env = "VAR" } or { file = "PATH" }"#;
+        let table = match raw {
+            toml::Value::String(v) => return Ok(Self::Plain(v)),
+            toml::Value::Integer(v) => return Ok(Self::Plain(v.to_string())),
+            toml::Value::Float(v) => return Ok(Self::Plain(v.to_string())),
+            toml::Value::Boolean(v) => return Ok(Self::Plain(v.to_string())),
+            toml::Value::Table(table) => table,
+            toml::Value::Datetime(_) | toml::Value::Array(_) => return Err(SHAPE.to_owned()),
+        };
+        let mut entries = table.into_iter();
+        match (entries.next(), entries.next()) {
+            (Some((k, toml::Value::String(var))), None) if k == "env" && !var.is_empty() => {
+                Ok(Self::Env(var))
+            }
+            (Some((k, toml::Value::String(path))), None) if k == "file" && !path.is_empty() => {
+                Ok(Self::File(path.into()))
+            }
+            _ => Err(SHAPE.to_owned()),
+        }
+    }
 }
 
 /// What a service's failure does besides restarting it (SPEC §6).

@@ -63,6 +63,47 @@ impl KvOutcome {
     }
 }
 
+/// Which key-value limit refused a guest's call (`vvm_kv_limit_refusals_total{service,limit}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvLimit {
+    /// A key longer than `max-key-bytes`.
+    KeySize,
+    /// A value larger than `max-value-bytes`.
+    ValueSize,
+    /// A namespace over `max-keys`.
+    Keys,
+    /// A namespace over `max-bytes`.
+    Bytes,
+    /// Over `writes-per-second`.
+    Rate,
+    /// A batch over the store's largest batch.
+    Batch,
+}
+
+impl KvLimit {
+    /// Every limit, for series that exist at 0 from a service's load.
+    const ALL: [Self; 6] = [
+        Self::KeySize,
+        Self::ValueSize,
+        Self::Keys,
+        Self::Bytes,
+        Self::Rate,
+        Self::Batch,
+    ];
+
+    /// The limit's label, as the settings name it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::KeySize => "max-key-bytes",
+            Self::ValueSize => "max-value-bytes",
+            Self::Keys => "max-keys",
+            Self::Bytes => "max-bytes",
+            Self::Rate => "writes-per-second",
+            Self::Batch => "batch",
+        }
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct SlotLabels {
     pub slot: u32,
@@ -93,6 +134,12 @@ struct KvLabels {
     outcome: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LimitLabels {
+    service: String,
+    limit: &'static str,
+}
+
 /// Every metric of the process, registered once.
 #[derive(Debug)]
 pub(super) struct Metrics {
@@ -109,6 +156,7 @@ pub(super) struct Metrics {
     service_failures: Family<ServiceLabels, Counter>,
     effects_refused: Family<ServiceLabels, Counter>,
     kv_writes: Family<KvLabels, Counter>,
+    kv_limits: Family<LimitLabels, Counter>,
     service_state: Family<StateLabels, Gauge>,
 }
 
@@ -130,6 +178,7 @@ impl Metrics {
             service_failures: Family::default(),
             effects_refused: Family::default(),
             kv_writes: Family::default(),
+            kv_limits: Family::default(),
             service_state: Family::default(),
         };
         metrics.register_lease(renewals);
@@ -206,6 +255,11 @@ impl Metrics {
             self.kv_writes.clone(),
         );
         r.register(
+            "vvm_kv_limit_refusals",
+            "Guest key-value calls refused by a limit, by limit",
+            self.kv_limits.clone(),
+        );
+        r.register(
             "vvm_service_state",
             "1 for the state each loaded service is in (running, backing-off, stopped), else 0",
             self.service_state.clone(),
@@ -220,6 +274,9 @@ impl Metrics {
             |counter| drop(counter.get_or_create(&counter_labels(service))),
             |kv| drop(self.kv_writes.get_or_create(&kv)),
         );
+        for limit in KvLimit::ALL {
+            drop(self.kv_limits.get_or_create(&limit_labels(service, limit)));
+        }
         let stopped = StateLabels {
             service: service.to_owned(),
             state: "stopped",
@@ -241,6 +298,9 @@ impl Metrics {
                 let _ = self.kv_writes.remove(&kv);
             },
         );
+        for limit in KvLimit::ALL {
+            let _ = self.kv_limits.remove(&limit_labels(service, limit));
+        }
         for state in SERVICE_STATES {
             self.service_state.remove(&StateLabels {
                 service: service.to_owned(),
@@ -306,6 +366,12 @@ impl Metrics {
         inc(&self.effects_refused, service);
     }
 
+    pub fn kv_limited(&self, service: &str, limit: KvLimit) {
+        self.kv_limits
+            .get_or_create(&limit_labels(service, limit))
+            .inc();
+    }
+
     pub fn kv_write(&self, service: &str, outcome: KvOutcome) {
         self.kv_writes
             .get_or_create(&KvLabels {
@@ -313,6 +379,13 @@ impl Metrics {
                 outcome: outcome.label(),
             })
             .inc();
+    }
+}
+
+fn limit_labels(service: &str, limit: KvLimit) -> LimitLabels {
+    LimitLabels {
+        service: service.to_owned(),
+        limit: limit.label(),
     }
 }
 

@@ -17,7 +17,7 @@ mod metrics;
 
 pub use health::Health;
 pub use http::{Endpoint, EndpointError};
-pub use metrics::{KvOutcome, RenewalOutcome};
+pub use metrics::{KvLimit, KvOutcome, RenewalOutcome};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -161,6 +161,11 @@ impl Ops {
     /// A guest effect of `service` was refused past the lease deadline.
     pub fn effect_refused(&self, service: &str) {
         self.inner.metrics.effect_refused(service);
+    }
+
+    /// A key-value call of `service` was refused by `limit`.
+    pub fn kv_limited(&self, service: &str, limit: KvLimit) {
+        self.inner.metrics.kv_limited(service, limit);
     }
 
     /// A key-value write of `service` ended with `outcome`.

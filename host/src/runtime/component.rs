@@ -11,8 +11,8 @@ use wasmtime::component::{Component, Linker};
 use wasmtime_wasi::p2::bindings::CommandPre;
 
 use super::RuntimeError;
+use super::bindings::service::ServicePre;
 use super::cache;
-use super::imports::ServicePre;
 use super::state::Host;
 use crate::log_output::escaped;
 

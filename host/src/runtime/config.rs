@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::config::{self, ConfigError, GrantConfig, OnFailure, Settings};
+use crate::config::{
+    self, ConfigError, ConfigValue, GrantConfig, KvLimitsConfig, OnFailure, Settings,
+};
 
 /// Configuration of the Wasm runtime. `RuntimeConfig::new(dir)` gives the defaults.
 #[derive(Clone, Debug)]
@@ -39,7 +41,7 @@ pub struct RuntimeConfig {
     pub grants: HashMap<String, Grants>,
     /// How failed services are restarted.
     pub restart: RestartPolicy,
-    /// Limits on each service's key-value writes.
+    /// Limits on each service's key-value data, but where its grant sets its own.
     pub kv: KvLimits,
 }
 
@@ -74,6 +76,7 @@ impl RuntimeConfig {
         config.memory_cap = memory_cap(settings.memory_limit);
         config.handle_limit = settings.handle_limit;
         config.restart.max_backoff = settings.restart_backoff_max;
+        config.kv = KvLimits::default().with(settings.kv);
         for (name, grant) in &settings.grants {
             config.grants.insert(name.clone(), grants(name, grant)?);
         }
@@ -133,6 +136,9 @@ fn grants(name: &str, grant: &GrantConfig) -> Result<Grants, ConfigError> {
         network: grant.network,
         restart_backoff_max: grant.restart_backoff_max,
         on_failure: grant.on_failure,
+        kv_buckets: grant.kv_buckets.clone(),
+        kv: grant.kv,
+        config: ServiceConfig::resolve(name, &grant.config)?,
     })
 }
 
@@ -150,6 +156,97 @@ pub struct Grants {
     pub restart_backoff_max: Option<Duration>,
     /// What a failure does besides the restart.
     pub on_failure: OnFailure,
+    /// The shared key-value buckets it may open besides its own namespace.
+    pub kv_buckets: Vec<String>,
+    /// Its key-value limits, where it sets its own ([`RuntimeConfig::kv`] otherwise).
+    pub kv: KvLimitsConfig,
+    /// What `wasi:config/store` gives it.
+    pub config: ServiceConfig,
+}
+
+impl Grants {
+    /// The key-value limits of a service with these grants (or none) on a host whose own are
+    /// `host_wide`.
+    pub(crate) fn kv_limits(grants: Option<&Self>, host_wide: KvLimits) -> KvLimits {
+        grants.map_or(host_wide, |g| host_wide.with(g.kv))
+    }
+}
+
+/// A service's configuration (`[service.NAME.config]`) with every value read: what
+/// `wasi:config/store` answers. Values read from the environment or a file are secrets, so
+/// `Debug` shows the keys only.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct ServiceConfig {
+    values: Vec<(String, String)>,
+}
+
+impl std::fmt::Debug for ServiceConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set()
+            .entries(self.values.iter().map(|(k, _)| k))
+            .finish()
+    }
+}
+
+/// The longest configuration value read from a file: a credential or a certificate, not a
+/// disk image named by mistake.
+pub const MAX_CONFIG_FILE_BYTES: u64 = 1 << 20;
+
+impl ServiceConfig {
+    /// Reads every value of service `service`'s `table`: from the environment and from files
+    /// now, so that one that cannot be read is refused with the settings (at start, or at
+    /// SIGHUP, when the old settings stay) rather than at the guest's first call.
+    ///
+    /// # Errors
+    /// Naming the service, the key and why (an unset variable, an unreadable file, text that
+    /// is not UTF-8); never the value.
+    pub fn resolve(
+        service: &str,
+        table: &std::collections::BTreeMap<String, ConfigValue>,
+    ) -> Result<Self, ConfigError> {
+        let mut values = Vec::with_capacity(table.len());
+        for (key, value) in table {
+            let invalid = |reason: String| ConfigError::Invalid {
+                name: "service.*.config",
+                reason: format!("service {service}: config key {key:?}: {reason}"),
+            };
+            let text = match value {
+                ConfigValue::Plain(text) => text.clone(),
+                ConfigValue::Env(var) => std::env::var(var).map_err(|e| {
+                    invalid(match e {
+                        std::env::VarError::NotPresent => {
+                            format!("environment variable {var} is not set")
+                        }
+                        std::env::VarError::NotUnicode(_) => {
+                            format!("environment variable {var} is not UTF-8")
+                        }
+                    })
+                })?,
+                ConfigValue::File(path) => {
+                    let bytes = crate::fs::read_file(path, MAX_CONFIG_FILE_BYTES)
+                        .map_err(|e| invalid(format!("file {}: {e}", path.display())))?;
+                    String::from_utf8(bytes).map_err(|_| {
+                        invalid(format!("file {} is not UTF-8 text", path.display()))
+                    })?
+                }
+            };
+            values.push((key.clone(), text));
+        }
+        Ok(Self { values })
+    }
+
+    /// The value of `key`, if it is set.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.values
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Every key and value, sorted by key.
+    pub fn all(&self) -> &[(String, String)] {
+        &self.values
+    }
 }
 
 /// One host directory made visible to a guest.
@@ -189,15 +286,20 @@ impl Default for RestartPolicy {
     }
 }
 
-/// Limits on a service's key-value writes (`kv.set`), so that no guest can fill the store or
-/// starve the lease renewals that share it. A write past a limit fails with an error the
-/// guest sees; nothing is written.
+/// Limits on a service's key-value data (SPEC §10), so that no guest can fill the store or
+/// starve the lease renewals that share it. A call past a limit fails with an error naming
+/// it that the guest sees; nothing is written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvLimits {
     /// The longest key, in bytes. Default 1 KiB.
     pub max_key_bytes: usize,
-    /// The largest value, in bytes. Default 64 KiB.
+    /// The largest value, in bytes. Default 1 MiB.
     pub max_value_bytes: usize,
+    /// The most keys in one namespace (the service's own, or a shared bucket it writes).
+    /// Default 10 000.
+    pub max_keys: u64,
+    /// The most bytes (keys and values) in one namespace. Default 64 MiB.
+    pub max_bytes: u64,
     /// Writes per second per service, on average; up to this many may come at once.
     /// Default 100.
     pub writes_per_second: u32,
@@ -207,8 +309,25 @@ impl Default for KvLimits {
     fn default() -> Self {
         Self {
             max_key_bytes: 1024,
-            max_value_bytes: 64 * 1024,
+            max_value_bytes: 1 << 20,
+            max_keys: 10_000,
+            max_bytes: 64 << 20,
             writes_per_second: 100,
+        }
+    }
+}
+
+impl KvLimits {
+    /// These limits with those `table` sets (`[kv]`, `[service.NAME.kv]`) in their place.
+    #[must_use]
+    pub fn with(self, table: KvLimitsConfig) -> Self {
+        let size = |v: Option<u64>, or: usize| v.map_or(or, |v| usize::try_from(v).unwrap_or(or));
+        Self {
+            max_key_bytes: size(table.max_key_bytes, self.max_key_bytes),
+            max_value_bytes: size(table.max_value_bytes, self.max_value_bytes),
+            max_keys: table.max_keys.unwrap_or(self.max_keys),
+            max_bytes: table.max_bytes.unwrap_or(self.max_bytes),
+            writes_per_second: table.writes_per_second.unwrap_or(self.writes_per_second),
         }
     }
 }

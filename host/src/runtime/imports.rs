@@ -1,9 +1,10 @@
-//! The `vvm:host` imports and the making of a store (SPEC §6, §7): the linker, a fresh
-//! sandboxed store per instance, and the `lease`, `log` and `kv` host functions. Every call
+//! The imports and the making of a store (SPEC §6, §7, §10): the linker, a fresh sandboxed
+//! store per instance, and the `vvm:host` `lease` and `log` host functions (key-value is
+//! `keyvalue`'s, configuration `wasi_config`'s). Every call
 //! into the host is fenced by the local lease deadline (`fence`); the imports with an effect
 //! also say which effect they refused. The state they read is in `state`.
 
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 use wasmtime::component::{HasSelf, Linker, Resource, ResourceTable};
@@ -15,33 +16,32 @@ use super::RuntimeError;
 use super::config::{Grants, RuntimeConfig};
 use super::fence::{self, Fenced};
 use super::output::{LogOutput, Stdio, guest_lines, guest_text};
-use super::state::{Host, ServiceEnv};
+use super::state::{Host, KvAccess, ServiceEnv};
 use crate::problem::Problem;
-use crate::store::Fence;
 
-mod bindings {
-    wasmtime::component::bindgen!({
-        path: "../wit",
-        world: "vvm:host/service",
-        imports: { default: async | trappable },
-        exports: { default: async },
-        with: { "wasi": wasmtime_wasi::p2::bindings },
-    });
-}
+use super::bindings::service::vvm::host::{kv, lease, log};
+use super::bindings::service::wasi::keyvalue::{atomics, batch, store as keyvalue};
 
-use crate::ops::KvOutcome;
-pub(crate) use bindings::ServicePre;
-use bindings::vvm::host::{kv, lease, log};
-
-/// The linker every service is instantiated with: WASI 0.2 and `vvm:host`.
+/// The linker every service is instantiated with: WASI 0.2, `vvm:host`, `wasi:keyvalue`
+/// (`@0.2.0-draft2` and `@0.2.0-draft`) and `wasi:config/store` (`@0.2.0-draft` and
+/// `@0.2.0-rc.1`).
 pub(crate) fn linker(engine: &Engine) -> Result<Linker<Host>, RuntimeError> {
     let mut linker = Linker::new(engine);
-    wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(RuntimeError::Engine)?;
-    lease::add_to_linker::<_, HasSelf<_>>(&mut linker, |h| h).map_err(RuntimeError::Engine)?;
-    log::add_to_linker::<_, HasSelf<_>>(&mut linker, |h| h).map_err(RuntimeError::Engine)?;
-    kv::add_to_linker::<_, HasSelf<_>>(&mut linker, |h| h).map_err(RuntimeError::Engine)?;
-    fence::shadow(&mut linker).map_err(RuntimeError::Engine)?;
+    add_imports(&mut linker).map_err(RuntimeError::Engine)?;
     Ok(linker)
+}
+
+fn add_imports(linker: &mut Linker<Host>) -> wasmtime::Result<()> {
+    wasmtime_wasi::p2::add_to_linker_async(linker)?;
+    lease::add_to_linker::<_, HasSelf<_>>(linker, |h| h)?;
+    log::add_to_linker::<_, HasSelf<_>>(linker, |h| h)?;
+    kv::add_to_linker::<_, HasSelf<_>>(linker, |h| h)?;
+    keyvalue::add_to_linker::<_, HasSelf<_>>(linker, |h| h)?;
+    atomics::add_to_linker::<_, HasSelf<_>>(linker, |h| h)?;
+    batch::add_to_linker::<_, HasSelf<_>>(linker, |h| h)?;
+    super::keyvalue::add_draft_to_linker(linker)?;
+    super::wasi_config::add_to_linker(linker)?;
+    fence::shadow(linker)
 }
 
 /// A fresh store for one instance of the service `env`: its own WASI context (with only what
@@ -56,6 +56,7 @@ pub(crate) fn new_store(
 ) -> wasmtime::Result<Store<Host>> {
     let mut table = ResourceTable::new();
     table.set_max_capacity(handle_cap);
+    let service_config = grants.map(|g| g.config.clone()).unwrap_or_default();
     let host = Host {
         env: Arc::clone(env),
         wasi: wasi_ctx(env, grants)?,
@@ -64,6 +65,12 @@ pub(crate) fn new_store(
             .memory_size(config.memory_cap)
             .trap_on_grow_failure(true)
             .build(),
+        kv: KvAccess {
+            limits: Grants::kv_limits(grants, config.kv),
+            buckets: grants.map(|g| g.kv_buckets.clone()).unwrap_or_default(),
+        },
+        config_vars: super::wasi_config::variables(&service_config),
+        config: service_config,
     };
     let mut store = Store::new(engine, host);
     store.limiter(|h| &mut h.limits);
@@ -170,92 +177,15 @@ impl log::Host for Host {
     }
 }
 
-impl kv::Host for Host {
-    async fn get(&mut self, key: String) -> wasmtime::Result<Result<Option<Vec<u8>>, String>> {
-        Ok(self
-            .env
-            .store
-            .kv_get(&self.env.name, &key)
-            .await
-            .map_err(|e| e.to_string()))
-    }
-
-    async fn set(&mut self, key: String, value: Vec<u8>) -> wasmtime::Result<Result<(), String>> {
-        self.env.fence("key-value write")?;
-        let env = &self.env;
-        let limits = env.kv_limits;
-        let count = |outcome| env.ops.kv_write(&env.name, outcome);
-        if key.len() > limits.max_key_bytes {
-            count(KvOutcome::Limited);
-            return Ok(Err(format!(
-                "key of {} bytes is over the limit of {} bytes",
-                key.len(),
-                limits.max_key_bytes
-            )));
-        }
-        if value.len() > limits.max_value_bytes {
-            count(KvOutcome::Limited);
-            return Ok(Err(format!(
-                "value of {} bytes is over the limit of {} bytes",
-                value.len(),
-                limits.max_value_bytes
-            )));
-        }
-        let allowed = env
-            .kv_budget
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take(limits.writes_per_second);
-        if !allowed {
-            count(KvOutcome::Limited);
-            return Ok(Err(format!(
-                "over the limit of {} key-value writes per second; try again later",
-                limits.writes_per_second
-            )));
-        }
-        let fence = Fence {
-            lease_key: &env.lease.key,
-            term: env.lease.term,
-        };
-        Ok(
-            match env.store.kv_set(&fence, &env.name, &key, &value).await {
-                Ok(true) => {
-                    count(KvOutcome::Ok);
-                    Ok(())
-                }
-                Ok(false) => Err({
-                    count(KvOutcome::Stale);
-                    format!(
-                        "stale term {}: the lease {} has passed to another holder",
-                        env.lease.term, env.lease.key
-                    )
-                }),
-                Err(e) => {
-                    count(KvOutcome::Error);
-                    Err(e.to_string())
-                }
-            },
-        )
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
-    use wasmtime::StoreLimits;
-
     use super::*;
-    use crate::runtime::config::KvLimits;
     use crate::runtime::state::tests::env;
 
     fn host(env: &Arc<ServiceEnv>) -> Host {
-        Host {
-            env: Arc::clone(env),
-            wasi: WasiCtxBuilder::new().build(),
-            table: ResourceTable::new(),
-            limits: StoreLimits::default(),
-        }
+        crate::runtime::state::tests::host(env, KvAccess::default())
     }
 
     /// A guest cannot forge or hide host log lines with what it logs or reports, nor flood the
@@ -349,64 +279,5 @@ mod tests {
             lease::Host::current(&mut h).await.unwrap().term,
             env.lease.term
         );
-    }
-
-    /// Over a limit, `kv.set` fails with an error the guest sees (not a trap), and writes
-    /// nothing; the rate limit refills with time.
-    #[tokio::test(start_paused = true)]
-    async fn kv_writes_over_a_limit_fail_for_the_guest_and_write_nothing() {
-        let (_clock, env) = env().await;
-        let mut h = host(&env);
-        let limits = KvLimits::default();
-        let long_key = "k".repeat(limits.max_key_bytes + 1);
-        let e = kv::Host::set(&mut h, long_key, b"v".to_vec())
-            .await
-            .unwrap()
-            .unwrap_err();
-        assert!(e.contains("key of 1025 bytes"), "{e}");
-        let big = vec![0u8; limits.max_value_bytes + 1];
-        let e = kv::Host::set(&mut h, "k".into(), big)
-            .await
-            .unwrap()
-            .unwrap_err();
-        assert!(e.contains("value of 65537 bytes"), "{e}");
-        assert_eq!(env.store.kv_get("svc", "k").await.unwrap(), None);
-
-        for i in 0..limits.writes_per_second {
-            let value = i.to_string().into_bytes();
-            kv::Host::set(&mut h, "k".into(), value)
-                .await
-                .unwrap()
-                .unwrap();
-        }
-        let e = kv::Host::set(&mut h, "k".into(), b"over".to_vec())
-            .await
-            .unwrap()
-            .unwrap_err();
-        assert!(e.contains("writes per second"), "{e}");
-        assert_eq!(
-            env.store.kv_get("svc", "k").await.unwrap().as_deref(),
-            Some(&b"99"[..]),
-            "the write over the rate was not made"
-        );
-        tokio::time::advance(Duration::from_millis(100)).await;
-        kv::Host::set(&mut h, "k".into(), b"later".to_vec())
-            .await
-            .unwrap()
-            .unwrap();
-    }
-
-    #[tokio::test]
-    async fn kv_namespaces_are_per_service() {
-        let (_clock, env) = env().await;
-        kv::Host::set(&mut host(&env), "k".into(), b"v".to_vec())
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(
-            env.store.kv_get("svc", "k").await.unwrap(),
-            Some(b"v".to_vec())
-        );
-        assert_eq!(env.store.kv_get("other", "k").await.unwrap(), None);
     }
 }

@@ -11,7 +11,12 @@
 //! - `state`: what the host side of a guest's calls sees: `ServiceEnv` (per service and
 //!   leadership) and `Host` (per store).
 //! - `fence`: no guest effect past the lease deadline: the per-call check, fenced streams.
-//! - `imports`: the linker, a fresh sandboxed store per instance, the `vvm:host` imports.
+//! - `bindings`: the host side of the guest interfaces, generated from `wit/`.
+//! - `keyvalue`: guest key-value (`wasi:keyvalue` draft2 and draft, `vvm:host/kv`): buckets,
+//!   the fence, the limits.
+//! - `wasi_config`: `wasi:config/store` over a service's configuration.
+//! - `imports`: the linker, a fresh sandboxed store per instance, the `vvm:host` lease and log
+//!   imports.
 //! - `output`: guest stdout/stderr as log lines.
 //! - `progress`: compile progress, a bar on a terminal or a log line per service.
 //! - `restart`: a failed service's backoff schedule, and its state as `status`, `/metrics` and
@@ -24,9 +29,11 @@
 //! - `wasm_services`: [`WasmServices`], the [`crate::services::Services`] the lifecycle starts.
 //!
 //! Dependencies point one way, in this order (each uses only modules before it): `config`,
-//! `handles`, `stacks`, `engine`, `state`, `fence`, `output`, `imports`, `cache`, `component`, `restart`,
-//! `supervisor`, `debounce`, `live_dir`, `reconcile`, `wasm_services`.
+//! `handles`, `stacks`, `engine`, `state`, `fence`, `output`, `bindings`, `keyvalue`,
+//! `wasi_config`, `imports`, `cache`, `component`, `restart`, `supervisor`, `debounce`,
+//! `live_dir`, `reconcile`, `wasm_services`.
 
+mod bindings;
 mod cache;
 mod component;
 mod config;
@@ -35,6 +42,7 @@ mod engine;
 mod fence;
 mod handles;
 mod imports;
+mod keyvalue;
 mod live_dir;
 mod output;
 mod progress;
@@ -43,6 +51,7 @@ mod restart;
 mod stacks;
 mod state;
 mod supervisor;
+mod wasi_config;
 mod wasm_services;
 
 pub use component::{LoadError, LoadErrorKind, LoadStats, ServiceKind};

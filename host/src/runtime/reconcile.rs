@@ -20,6 +20,7 @@ use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
+use super::Grants;
 use super::component::Loaded;
 use super::engine::Runtime;
 use super::live_dir::Catalogue;
@@ -137,8 +138,10 @@ impl Reconciler {
             problems: ctx.problems.clone(),
             store: Arc::clone(&ctx.store),
             ops: self.rt.ops.clone(),
-            kv_limits: self.rt.config.kv,
-            kv_budget: Mutex::new(WriteBudget::full(self.rt.config.kv.writes_per_second)),
+            kv_budget: Mutex::new(WriteBudget::full(
+                Grants::kv_limits(self.rt.grants().get(&svc.name), self.rt.config.kv)
+                    .writes_per_second,
+            )),
         });
         let (created, rx) = oneshot::channel();
         let first = FirstStart {

@@ -12,7 +12,7 @@ use wasmtime::StoreLimits;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use super::config::KvLimits;
+use super::config::{KvLimits, ServiceConfig};
 use crate::lease::LeaseDeadline;
 use crate::ops::Ops;
 use crate::problem::ProblemReporter;
@@ -35,9 +35,8 @@ pub(crate) struct ServiceEnv {
     pub store: Arc<dyn Store>,
     /// Where refused effects and key-value writes are counted.
     pub ops: Ops,
-    /// What `kv.set` may write, and how often.
-    pub kv_limits: KvLimits,
-    /// The writes `kv.set` may still make now (a token bucket refilled at the limit's rate).
+    /// The key-value writes the service may still make now (a token bucket refilled at its
+    /// rate limit), shared by its instances.
     pub kv_budget: Mutex<WriteBudget>,
 }
 
@@ -57,20 +56,52 @@ impl WriteBudget {
         }
     }
 
-    /// Takes one write if the budget allows it now.
-    pub(super) fn take(&mut self, rate: u32) -> bool {
+    /// Takes `n` writes at once (a batch counts each of its writes) if the budget allows
+    /// them all now; else takes none.
+    pub(super) fn take(&mut self, rate: u32, n: u32) -> bool {
         let now = tokio::time::Instant::now();
         let rate = f64::from(rate);
         let refill = now.duration_since(self.at).as_secs_f64() * rate;
         self.tokens = (self.tokens + refill).min(rate);
         self.at = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
+        if self.tokens >= f64::from(n) {
+            self.tokens -= f64::from(n);
             true
         } else {
             false
         }
     }
+}
+
+/// What one instance of a service may do with key-value data (SPEC §10): its limits and the
+/// shared buckets it was granted, as its grants were when it started.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct KvAccess {
+    /// Its limits: its own table's over the host-wide ones.
+    pub limits: KvLimits,
+    /// The shared buckets it may open besides its own namespace.
+    pub buckets: Vec<String>,
+}
+
+/// A key-value bucket a guest opened (`wasi:keyvalue` `bucket`): a namespace of the store.
+#[derive(Debug)]
+pub struct Bucket {
+    /// The namespace: the service's name, or `bucket/<name>` for a shared bucket (a `/`
+    /// cannot be in a service's file name, so the two never meet).
+    pub space: String,
+    /// `@0.2.0-draft`'s numbered cursors: cursor `n` continues after `cursors[n - 1]`.
+    pub cursors: Vec<String>,
+}
+
+/// A `wasi:keyvalue/atomics` `cas` handle: a key and the value it held when read.
+#[derive(Debug)]
+pub struct Cas {
+    /// The namespace of the bucket it was made on.
+    pub space: String,
+    /// The key.
+    pub key: String,
+    /// Its value when read (none: absent); a swap succeeds only if it is still this.
+    pub current: Option<Vec<u8>>,
 }
 
 /// The state of one store: one instance of one service.
@@ -83,6 +114,12 @@ pub(crate) struct Host {
     pub(super) table: ResourceTable,
     /// The memory cap.
     pub(super) limits: StoreLimits,
+    /// Its key-value limits and buckets.
+    pub(super) kv: KvAccess,
+    /// What `wasi:config/store` answers.
+    pub(super) config: ServiceConfig,
+    /// The same, as `wasmtime-wasi-config` (`@0.2.0-rc.1`) reads it.
+    pub(super) config_vars: wasmtime_wasi_config::WasiConfigVariables,
 }
 
 impl Host {
@@ -143,9 +180,22 @@ pub(crate) mod tests {
             problems: ProblemReporter::default(),
             store: Arc::new(store),
             ops: Ops::new(Arc::new(clock.clone())),
-            kv_limits: KvLimits::default(),
             kv_budget: Mutex::new(WriteBudget::full(KvLimits::default().writes_per_second)),
         };
         (clock, Arc::new(env))
+    }
+
+    /// A store's state for an instance of `env`'s service with key-value `access` and no
+    /// configuration.
+    pub(crate) fn host(env: &Arc<ServiceEnv>, access: KvAccess) -> Host {
+        Host {
+            env: Arc::clone(env),
+            wasi: wasmtime_wasi::WasiCtxBuilder::new().build(),
+            table: ResourceTable::new(),
+            limits: StoreLimits::default(),
+            kv: access,
+            config: ServiceConfig::default(),
+            config_vars: wasmtime_wasi_config::WasiConfigVariables::new(),
+        }
     }
 }
