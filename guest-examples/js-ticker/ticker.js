@@ -1,5 +1,7 @@
 // Example service in JavaScript: every tick (1 s, or the granted TICK_MS) logs the term of its
-// lease and adds one to `count` in the term-fenced key-value store, until the host says stop.
+// lease and adds one to `count` in the term-fenced key-value store (`wasi:keyvalue`), until the
+// host says stop. It greets with `greeting` from its configuration (`wasi:config`,
+// `[service.js-ticker.config]` in vvm.toml).
 //
 // Built with componentize-js (build.mjs) against the `vvm:host` `service` world
 // (../../wit/host.wit). Top-level code runs at build time (the engine is pre-initialised), so
@@ -7,7 +9,9 @@
 
 import { current, stopping as stoppingPollable } from 'vvm:host/lease@0.1.0';
 import { log } from 'vvm:host/log@0.1.0';
-import { get, set } from 'vvm:host/kv@0.1.0';
+import { open } from 'wasi:keyvalue/store@0.2.0-draft2';
+import { increment } from 'wasi:keyvalue/atomics@0.2.0-draft2';
+import { get as config } from 'wasi:config/store@0.2.0-draft';
 import { poll } from 'wasi:io/poll@0.2.12';
 import { subscribeDuration } from 'wasi:clocks/monotonic-clock@0.2.12';
 import { getEnvironment } from 'wasi:cli/environment@0.2.12';
@@ -20,15 +24,12 @@ function tickMs(fallback) {
   return Number.isSafeInteger(ms) && ms >= 0 ? ms : fallback;
 }
 
-// `kv.get` returns the value or undefined, and throws (with the error string as payload)
-// when the store cannot be reached.
-function readCount() {
-  const value = get('count');
-  if (value === undefined) return 0;
-  const text = new TextDecoder().decode(value);
-  const count = Number.parseInt(text, 10);
-  if (!Number.isSafeInteger(count)) throw `count ${JSON.stringify(text)}: not a number`;
-  return count;
+// A `wasi:keyvalue` error as text: `stale term ...`, `store unavailable: ...`,
+// `over a limit: ...`, or `access-denied`. An import's error is thrown with the WIT variant as
+// its `payload`.
+function errorText(e) {
+  const error = e.payload ?? e;
+  return error.val ?? error.tag ?? String(error);
 }
 
 // Waits `ms` or until the host says stop; true if the service must stop.
@@ -43,14 +44,16 @@ export function run() {
   const lease = current();
   const stopping = stoppingPollable();
   const period = tickMs(1000);
-  info(`js ticker started: slot ${lease.slot} holder ${lease.holder} term ${lease.term}`);
+  const greeting = config('greeting') ?? 'hello';
+  info(`js ticker started: slot ${lease.slot} holder ${lease.holder} term ${lease.term}; ${greeting}`);
+  const bucket = open(''); // the service's own namespace
   for (let tick = 1; ; tick++) {
-    const count = readCount() + 1;
+    let count;
     try {
-      set('count', new TextEncoder().encode(String(count)));
+      count = increment(bucket, 'count', 1n);
     } catch (e) {
-      log('error', `set failed: ${e.payload ?? e}`);
-      throw e;
+      log('error', `increment failed: ${errorText(e)}`);
+      throw errorText(e);
     }
     info(`tick ${tick}: term ${lease.term} count ${count}`);
     if (sleepOrStop(stopping, period)) {

@@ -121,6 +121,11 @@ fn bad_input_is_one_line_that_gives_each_reason_once() {
         .set_len(1 << 40)
         .unwrap();
     testkit::fifo(&dir.path().join("fifo.toml"));
+    std::fs::write(
+        dir.path().join("unset.toml"),
+        "[service.s.config]\ntoken = { env = \"VVM_E2E_NEVER_SET\" }\n",
+    )
+    .unwrap();
     let etcd_ca = [
         "serve",
         "--store",
@@ -128,7 +133,7 @@ fn bad_input_is_one_line_that_gives_each_reason_once() {
         "--etcd-ca",
         "/dev/zero",
     ];
-    let cases: [(&[&str], &str); 13] = [
+    let cases: [(&[&str], &str); 17] = [
         (&["serve", "--store", "/"], "Is a directory"),
         (&["serve", "--lock-dir", "/proc/none"], "setting lock-dir"),
         (&["serve", "--services", "new\nline"], "new\\nline"),
@@ -149,6 +154,16 @@ fn bad_input_is_one_line_that_gives_each_reason_once() {
         (&["serve", "--config", "fifo.toml"], "not a regular file"),
         (&["serve", "--config", "huge.toml"], "too large"),
         (&etcd_ca, "not a regular file"),
+        (
+            &["serve", "--config", "unset.toml"],
+            "service s: config key \"token\": environment variable VVM_E2E_NEVER_SET is not set",
+        ),
+        (&["kv", "list", "default", "--bucket"], "own namespace"),
+        (&["kv", "get", "a/b", "k"], "not a service name"),
+        (
+            &["kv", "list", "svc", "--store", "missing.redb"],
+            "No such file",
+        ),
     ];
     for (args, reason) in cases {
         let (ok, text) = run(dir.path(), args);

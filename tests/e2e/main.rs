@@ -10,6 +10,7 @@ mod cli;
 mod etcd;
 mod fencing;
 mod isolation;
+mod keyvalue;
 mod languages;
 mod live_dir;
 mod netns;

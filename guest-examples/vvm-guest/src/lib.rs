@@ -1,4 +1,5 @@
-//! Rust bindings for the `vvm:host/service` world (see `wit/host.wit`), plus small helpers
+//! Rust bindings for the `vvm:host/service` world (see `wit/host.wit`: `vvm:host`, WASI 0.2,
+//! `wasi:keyvalue` and `wasi:config` under `wasi`), plus small helpers
 //! shared by the Rust guests. A guest implements [`Guest`] and calls [`export!`].
 
 /// Generated from `wit/host.wit` (and the WASI packages it uses).

@@ -1,7 +1,8 @@
-//! The command line (SPEC §8): `vvm-host serve`, `status` and `check`: the clap types and
+//! The command line (SPEC §8): `vvm-host serve`, `status`, `kv` and `check`: the clap types and
 //! the dispatch. Settings are resolved by [`crate::config`], the store opened by
 //! [`crate::store::open`].
 
+mod kv;
 mod serve;
 mod status;
 
@@ -14,6 +15,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{self, ConfigError, EtcdFileConfig, FileConfig, Settings};
 use crate::log_output::{Stderr, one_line};
+pub use kv::KvCommand;
 
 /// Exit code for bad settings or a store that cannot be opened.
 pub const EXIT_SETUP: u8 = 1;
@@ -60,6 +62,9 @@ pub enum Command {
         #[command(flatten)]
         settings: StoreArgs,
     },
+    /// Look at the guests' key-value data, without writing.
+    #[command(subcommand, after_help = KV_EXAMPLES)]
+    Kv(KvCommand),
     /// Validate every component in a directory without serving; non-zero exit if any is bad.
     #[command(after_help = CHECK_EXAMPLES)]
     Check {
@@ -100,6 +105,13 @@ Examples:
   vvm-host status --store etcd://10.0.0.1:2379 --cluster-size 2
   vvm-host status --json | jq -r '.slots[0].holder'";
 
+const KV_EXAMPLES: &str = "\
+Examples:
+  vvm-host kv list ticker
+  vvm-host kv list ticker --prefix seen/ --json | jq '.usage'
+  vvm-host kv list orders --bucket
+  vvm-host kv get ticker last-run";
+
 const CHECK_EXAMPLES: &str = "\
 Examples:
   # The configured services directory
@@ -114,6 +126,7 @@ impl Command {
         match self {
             Self::Serve(_) => true,
             Self::Status { verbose, .. } | Self::Check { verbose, .. } => *verbose,
+            Self::Kv(_) => false,
         }
     }
 }
@@ -311,6 +324,7 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Serve(args) => serve::serve(&args).await,
         Command::Status { json, settings, .. } => status::status(&settings, json).await,
         Command::Check { dir, settings, .. } => status::check(dir, &settings).await,
+        Command::Kv(command) => kv::kv(command).await,
     };
     match result {
         Ok(code) => code,

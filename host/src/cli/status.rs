@@ -251,7 +251,7 @@ fn print_spread(
 
 /// Writes `text` to stdout. A reader that went away (`vvm-host status | head -1`) is not an
 /// error: it has what it wanted.
-fn emit(text: &[u8]) -> std::io::Result<()> {
+pub(super) fn emit(text: &[u8]) -> std::io::Result<()> {
     match std::io::stdout().lock().write_all(text) {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         written => written,

@@ -222,7 +222,10 @@ pub(super) fn check_kv_limits(
 
 /// Whether `name` can name a shared bucket: 1 to [`MAX_BUCKET_NAME`] letters, digits, `.`,
 /// `_` or `-`, and not `default` (the service's own namespace).
-fn check_bucket_name(name: &str) -> Result<(), String> {
+///
+/// # Errors
+/// Why not, as words that follow the name.
+pub fn check_bucket_name(name: &str) -> Result<(), String> {
     if name == "default" {
         return Err("is the service's own namespace; name a shared bucket".to_owned());
     }

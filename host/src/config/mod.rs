@@ -21,7 +21,7 @@ mod service;
 pub use bounds::{
     Bounded, MAX_ACQUISITION_TIMEOUT, MAX_CLUSTER_SIZE, MAX_GRACE_PERIOD, MAX_HANDLE_LIMIT,
     MAX_LEASE, MAX_MEMORY_LIMIT_MIB, MAX_RESTART_BACKOFF_MAX, MIN_HANDLE_LIMIT, MIN_LEASE,
-    RESTART_BACKOFF_INITIAL, validate,
+    RESTART_BACKOFF_INITIAL, check_bucket_name, validate,
 };
 pub use error::ConfigError;
 use parse::{opt_addr, opt_duration};

@@ -210,3 +210,65 @@ fn size_and_backoff_bounds_are_checked() {
         assert!(err.contains(name), "{v:?}: {err}");
     }
 }
+
+/// `[kv]`, `[service.NAME.kv]`, `kv-buckets` and `[service.NAME.config]` parse, and each bad
+/// value is refused naming the service, the setting and why.
+#[test]
+fn key_value_and_config_settings_parse_and_are_bounded() {
+    let file = parse(
+        r#"
+[kv]
+max-keys = 50000
+
+[service.orders]
+kv-buckets = ["shared", "audit.log"]
+[service.orders.kv]
+max-value-bytes = 4096
+writes-per-second = 10
+[service.orders.config]
+greeting = "hello"
+port = 8080
+debug = true
+token = { env = "ORDERS_TOKEN" }
+key = { file = "/run/credentials/orders/key" }
+"#,
+    )
+    .unwrap();
+    assert_eq!(file.kv.unwrap().max_keys, Some(50_000));
+    let orders = &file.service["orders"];
+    assert_eq!(orders.kv_buckets, ["shared", "audit.log"]);
+    assert_eq!(orders.kv.max_value_bytes, Some(4096));
+    assert_eq!(orders.kv.writes_per_second, Some(10));
+    let config = &orders.config;
+    assert_eq!(config["greeting"], ConfigValue::Plain("hello".into()));
+    assert_eq!(config["port"], ConfigValue::Plain("8080".into()));
+    assert_eq!(config["debug"], ConfigValue::Plain("true".into()));
+    assert_eq!(config["token"], ConfigValue::Env("ORDERS_TOKEN".into()));
+    assert_eq!(
+        config["key"],
+        ConfigValue::File("/run/credentials/orders/key".into())
+    );
+
+    for (text, reason) in [
+        ("[kv]\nmax-keys = 0\n", "max-keys"),
+        ("[kv]\nmax-value-bytes = 1073741824\n", "max-value-bytes"),
+        ("[service.s.kv]\nmax-key-bytes = 100000\n", "service s"),
+        ("[service.s]\nkv-buckets = [\"default\"]\n", "own namespace"),
+        ("[service.s]\nkv-buckets = [\"a/b\"]\n", "letters, digits"),
+        ("[service.s.config]\nk = { nope = \"x\" }\n", "env"),
+        ("[service.s.config]\nk = [1, 2]\n", "k"),
+        ("[service.s.config]\n\"\" = \"x\"\n", "is empty"),
+    ] {
+        let e = parse(text)
+            .and_then(|f| {
+                bounds::check_services(&f.service)?;
+                if let Some(kv) = &f.kv {
+                    bounds::check_kv_limits("kv", "", kv)?;
+                }
+                Ok(())
+            })
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(reason), "{text}: {e}");
+    }
+}

@@ -376,4 +376,46 @@ mod tests {
         let e = grants("s", &grant(&[missing.display().to_string()], &[])).unwrap_err();
         assert!(e.to_string().contains(&*missing.to_string_lossy()), "{e}");
     }
+
+    /// Values from the environment and from files are read with the settings; one that
+    /// cannot be read is an error naming the service and the key, never the value, and no
+    /// `Debug` shows a value.
+    #[test]
+    fn config_values_are_read_with_the_settings_and_never_shown() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret_file = dir.path().join("key");
+        std::fs::write(&secret_file, "file-secret-4242").unwrap();
+        // Set by nothing: the test's own name.
+        let var = "VVM_TEST_CONFIG_SECRET_5151";
+        let table = |value: ConfigValue| {
+            std::collections::BTreeMap::from([
+                ("plain".to_owned(), ConfigValue::Plain("shown".into())),
+                ("secret".to_owned(), value),
+            ])
+        };
+        let from_file =
+            ServiceConfig::resolve("s", &table(ConfigValue::File(secret_file))).unwrap();
+        assert_eq!(from_file.get("secret"), Some("file-secret-4242"));
+        assert_eq!(from_file.get("plain"), Some("shown"));
+        assert_eq!(from_file.get("none"), None);
+        assert_eq!(from_file.all().len(), 2);
+        let shown = format!("{from_file:?}");
+        assert!(
+            !shown.contains("file-secret") && !shown.contains("shown"),
+            "{shown}"
+        );
+
+        let e = ServiceConfig::resolve("s", &table(ConfigValue::Env(var.into())))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("service s") && e.contains("\"secret\"") && e.contains(var),
+            "{e}"
+        );
+        let missing = dir.path().join("missing");
+        let e = ServiceConfig::resolve("s", &table(ConfigValue::File(missing)))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("service s") && e.contains("missing"), "{e}");
+    }
 }

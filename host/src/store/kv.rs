@@ -202,6 +202,10 @@ pub struct KvPlan {
 ///
 /// # Errors
 /// The refusal, other than a stale term (the backend's fence decides that first).
+#[expect(
+    clippy::implicit_hasher,
+    reason = "every backend collects the map it reads; a hasher parameter would need naming"
+)]
 pub fn plan(
     op: &KvOp<'_>,
     old: &HashMap<&str, Option<&[u8]>>,

@@ -1,0 +1,99 @@
+//! Guest state and configuration under the real `vvm-host serve` (SPEC §10): the Rust example
+//! reads its `[service.NAME.config]` (plain, from the environment, from a file) through
+//! `wasi:config` and counts through `wasi:keyvalue`; `vvm-host kv` shows what it stored; and
+//! no secret reaches the log at `trace`, nor `status`.
+//!
+//! `trace` for everything but the compiler and wasmtime's engine internals (type registry,
+//! code memory): their lines are about machine code, never see a configuration value, and come
+//! so fast that the log writer drops lines for want of room in the pipe, the ones waited for
+//! among them.
+
+use std::path::Path;
+use std::process::Command;
+
+use rustix::process::Signal;
+use testkit::guests;
+use testkit::host::Host;
+
+use crate::BIN;
+
+/// `RUST_LOG` for these tests.
+const TRACE: &str =
+    "trace,cranelift_codegen=info,cranelift_frontend=info,regalloc2=info,wasmtime::runtime=info";
+const ENV_SECRET: &str = "env-secret-7f3a9c";
+const FILE_SECRET: &str = "file-secret-b81d44";
+
+/// Runs `vvm-host ARGS` in `dir`; its stdout, or a panic with its stderr.
+fn tool(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new(BIN)
+        .args(args)
+        .current_dir(dir)
+        .env("RUST_LOG", TRACE)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{args:?}: {stderr}");
+    assert!(!stderr.contains(ENV_SECRET) && !stderr.contains(FILE_SECRET));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn a_guest_reads_its_config_and_no_secret_reaches_the_log_at_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let services = dir.path().join("services");
+    std::fs::create_dir(&services).unwrap();
+    std::fs::copy(
+        guests::guest("rust-ticker"),
+        services.join("rust-ticker.wasm"),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("secret.txt"), FILE_SECRET).unwrap();
+    std::fs::write(
+        dir.path().join("vvm.toml"),
+        "[service.rust-ticker]\nenv = [\"TICK_MS=50\"]\n\
+         [service.rust-ticker.config]\ngreeting = \"hello from vvm.toml\"\n\
+         token = { env = \"VVM_E2E_TOKEN\" }\nkey = { file = \"secret.txt\" }\n",
+    )
+    .unwrap();
+    let token = format!("VVM_E2E_TOKEN={ENV_SECRET}");
+    // Through env(1), which execs: the pid is vvm-host's.
+    let mut host = Host::start(
+        "/usr/bin/env",
+        "host",
+        dir.path(),
+        &[
+            &token,
+            BIN,
+            "serve",
+            "--lease",
+            "5s",
+            "--grace-period",
+            "2s",
+        ],
+        TRACE,
+    );
+    host.wait_for(&["rust-ticker", "ticker started", "; hello from vvm.toml"]);
+    host.wait_for(&["rust-ticker", "config keys: [greeting, key, token]"]);
+    let line = host.wait_for(&["rust-ticker", "tick 3:"]);
+    assert!(line.text.contains("count 3"), "{}", line.text);
+
+    // An operator looks, read-only, while the host serves.
+    let listed: serde_json::Value =
+        serde_json::from_str(&tool(dir.path(), &["kv", "list", "rust-ticker", "--json"])).unwrap();
+    assert_eq!(listed["keys"], serde_json::json!(["count"]), "{listed}");
+    assert_eq!(listed["usage"]["keys"], 1, "{listed}");
+    let count: u64 = tool(dir.path(), &["kv", "get", "rust-ticker", "count"])
+        .parse()
+        .unwrap();
+    assert!(count >= 3, "{count}");
+    let status = tool(dir.path(), &["status", "--json"]);
+
+    host.signal(Signal::TERM);
+    assert!(host.wait_exit().success());
+    for text in host.lines().iter().map(|l| &l.text).chain([&status]) {
+        assert!(
+            !text.contains(ENV_SECRET) && !text.contains(FILE_SECRET),
+            "a secret in: {text}"
+        );
+    }
+}
