@@ -218,7 +218,20 @@ impl kv::Host for Host {
             term: env.lease.term,
         };
         Ok(
-            match env.store.kv_set(&fence, &env.name, &key, &value).await {
+            match env
+                .store
+                .kv_apply(
+                    &fence,
+                    &env.name,
+                    &crate::store::KvOp::Batch(&[crate::store::KvWrite::Set {
+                        key: &key,
+                        value: &value,
+                    }]),
+                    &crate::store::KvQuota::UNLIMITED,
+                )
+                .await
+                .map(|r| r.is_ok())
+            {
                 Ok(true) => {
                     count(KvOutcome::Ok);
                     Ok(())

@@ -6,7 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Candidates, Fence, FencedKv, HandOver, Store, TtlStore};
+use super::{
+    Candidates, Fence, FencedKv, HandOver, KvOp, KvQuota, KvRefusal, KvWrite, Store, StoreError,
+    TtlStore,
+};
 use crate::clock::ManualClock;
 
 /// How the suite opens a backend and moves its clock.
@@ -77,6 +80,39 @@ macro_rules! suite {
     };
 }
 pub(crate) use suite;
+
+/// A single fenced set, as the cases below write it: `true` if it landed, `false` if the
+/// term was stale.
+pub(crate) trait SetOne {
+    async fn kv_set(
+        &self,
+        fence: &Fence<'_>,
+        space: &str,
+        key: &str,
+        value: &[u8],
+    ) -> Result<bool, StoreError>;
+}
+
+impl<S: FencedKv + ?Sized> SetOne for S {
+    async fn kv_set(
+        &self,
+        fence: &Fence<'_>,
+        space: &str,
+        key: &str,
+        value: &[u8],
+    ) -> Result<bool, StoreError> {
+        let writes = [KvWrite::Set { key, value }];
+        let op = KvOp::Batch(&writes);
+        match self
+            .kv_apply(fence, space, &op, &KvQuota::UNLIMITED)
+            .await?
+        {
+            Ok(_) => Ok(true),
+            Err(KvRefusal::StaleTerm) => Ok(false),
+            Err(refusal) => panic!("an unlimited set refused: {refusal}"),
+        }
+    }
+}
 
 pub(crate) async fn insert_then_get<B: Backend>(b: &mut B) {
     let clock = ManualClock::default();

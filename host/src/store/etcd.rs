@@ -42,6 +42,7 @@ use tonic::Code;
 
 pub use options::{EtcdOptions, EtcdTls, EtcdUrlError};
 
+use super::kv::{KvDone, KvOp, KvPage, KvQuota, KvRefusal, KvUsage};
 use super::{Candidates, Fence, FencedKv, HandOver, Record, StoreError, Term, TtlStore};
 
 /// The store contract on an etcd cluster. Cheap to share behind an `Arc`; every call is one
@@ -852,40 +853,36 @@ impl FencedKv for EtcdStore {
             .map(|kv| kv.into_key_value().1))
     }
 
-    async fn kv_set(
+    async fn kv_get_many(
         &self,
-        fence: &Fence<'_>,
-        space: &str,
-        key: &str,
-        value: &[u8],
-    ) -> Result<bool, StoreError> {
-        let Ok(term) = i64::try_from(fence.term) else {
-            return Ok(false);
-        };
-        // The record's term is the larger of its create revision and its handover term key's
-        // mod revision (see the module docs): one branch for each.
-        let (record, terms) = (
-            self.record_key(fence.lease_key),
-            self.term_key(fence.lease_key),
-        );
-        let put = TxnOp::put(self.kv_key(space, key), value, None);
-        let handed = Txn::new()
-            .when([
-                Compare::mod_revision(terms.as_str(), CompareOp::Equal, term),
-                Compare::create_revision(record.as_str(), CompareOp::Greater, 0),
-                Compare::create_revision(record.as_str(), CompareOp::Less, term),
-            ])
-            .and_then([put.clone()]);
-        let txn = Txn::new()
-            .when([
-                Compare::create_revision(record.as_str(), CompareOp::Equal, term),
-                Compare::mod_revision(terms.as_str(), CompareOp::Less, term),
-            ])
-            .and_then([put])
-            .or_else([TxnOp::txn(handed)]);
-        let response = self.txn("kv_set", key, txn).await?;
-        Ok(response.succeeded()
-            || matches!(response.op_responses().first(), Some(TxnOpResponse::Txn(t)) if t.succeeded()))
+        _space: &str,
+        _keys: &[&str],
+    ) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        Err(StoreError::permanent("etcd kv_get_many", "not yet built"))
+    }
+
+    async fn kv_list(
+        &self,
+        _space: &str,
+        _prefix: &str,
+        _after: Option<&str>,
+        _limit: usize,
+    ) -> Result<KvPage, StoreError> {
+        Err(StoreError::permanent("etcd kv_list", "not yet built"))
+    }
+
+    async fn kv_usage(&self, _space: &str) -> Result<KvUsage, StoreError> {
+        Err(StoreError::permanent("etcd kv_usage", "not yet built"))
+    }
+
+    async fn kv_apply(
+        &self,
+        _fence: &Fence<'_>,
+        _space: &str,
+        _op: &KvOp<'_>,
+        _quota: &KvQuota,
+    ) -> Result<Result<KvDone, KvRefusal>, StoreError> {
+        Err(StoreError::permanent("etcd kv_apply", "not yet built"))
     }
 }
 

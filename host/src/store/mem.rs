@@ -1,12 +1,13 @@
 //! In-memory backend: the store contract over a map, on an injected clock, for fast tests.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::Notify;
 
+use super::kv::{self, KvDone, KvOp, KvPage, KvQuota, KvRefusal, KvUsage};
 use super::{Candidates, Fence, FencedKv, HandOver, Record, StoreError, Term, TtlStore};
 use crate::clock::{Clock, Timestamp};
 
@@ -24,7 +25,8 @@ struct State {
     records: HashMap<String, Entry>,
     /// The last term issued per key; never forgotten, so terms keep increasing.
     terms: HashMap<String, Term>,
-    kv: HashMap<(String, String), Vec<u8>>,
+    /// Each namespace's keys and values, in byte order.
+    kv: HashMap<String, BTreeMap<String, Vec<u8>>>,
 }
 
 struct Entry {
@@ -234,29 +236,80 @@ impl TtlStore for MemStore {
 #[async_trait]
 impl FencedKv for MemStore {
     async fn kv_get(&self, space: &str, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(self
-            .lock()
-            .kv
-            .get(&(space.to_owned(), key.to_owned()))
-            .cloned())
+        Ok(self.lock().kv.get(space).and_then(|s| s.get(key)).cloned())
     }
 
-    async fn kv_set(
+    async fn kv_get_many(
+        &self,
+        space: &str,
+        keys: &[&str],
+    ) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let state = self.lock();
+        let space = state.kv.get(space);
+        Ok(keys
+            .iter()
+            .map(|k| space.and_then(|s| s.get(*k)).cloned())
+            .collect())
+    }
+
+    async fn kv_list(
+        &self,
+        space: &str,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<KvPage, StoreError> {
+        let state = self.lock();
+        let mut keys = state
+            .kv
+            .get(space)
+            .into_iter()
+            .flat_map(|s| s.keys())
+            .filter(|k| k.starts_with(prefix) && after.is_none_or(|a| k.as_str() > a));
+        let page: Vec<String> = keys.by_ref().take(limit).cloned().collect();
+        Ok(KvPage {
+            keys: page,
+            more: keys.next().is_some(),
+        })
+    }
+
+    async fn kv_usage(&self, space: &str) -> Result<KvUsage, StoreError> {
+        let state = self.lock();
+        let entries = state.kv.get(space).into_iter().flatten();
+        Ok(KvUsage::of(
+            entries.map(|(k, v)| (k.as_str(), v.as_slice())),
+        ))
+    }
+
+    async fn kv_apply(
         &self,
         fence: &Fence<'_>,
         space: &str,
-        key: &str,
-        value: &[u8],
-    ) -> Result<bool, StoreError> {
+        op: &KvOp<'_>,
+        quota: &KvQuota,
+    ) -> Result<Result<KvDone, KvRefusal>, StoreError> {
         let now = self.clock.now();
         let mut state = self.lock();
         if state.live(fence.lease_key, now).map(|e| e.term) != Some(fence.term) {
-            return Ok(false);
+            return Ok(Err(KvRefusal::StaleTerm));
         }
-        state
-            .kv
-            .insert((space.to_owned(), key.to_owned()), value.to_vec());
-        Ok(true)
+        let data = state.kv.entry(space.to_owned()).or_default();
+        let usage = KvUsage::of(data.iter().map(|(k, v)| (k.as_str(), v.as_slice())));
+        let old = op
+            .keys()
+            .map(|k| (k, data.get(k).map(Vec::as_slice)))
+            .collect();
+        let plan = match kv::plan(op, &old, usage, quota) {
+            Ok(plan) => plan,
+            Err(refusal) => return Ok(Err(refusal)),
+        };
+        for (key, value) in plan.changes {
+            match value {
+                Some(value) => data.insert(key, value),
+                None => data.remove(&key),
+            };
+        }
+        Ok(Ok(plan.done))
     }
 }
 

@@ -6,6 +6,7 @@
 #[cfg(test)]
 pub(crate) mod conformance;
 mod etcd;
+pub mod kv;
 mod mem;
 mod redb_store;
 
@@ -15,6 +16,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 pub use etcd::{EtcdOptions, EtcdStore, EtcdTls, EtcdUrlError};
+pub use kv::{KvDone, KvOp, KvPage, KvQuota, KvRefusal, KvUsage, KvWrite, MAX_BATCH};
 pub use mem::MemStore;
 pub use redb_store::RedbStore;
 
@@ -364,22 +366,53 @@ pub trait TtlStore: Send + Sync {
     }
 }
 
-/// A key-value store for guests whose writes are fenced by the writer's lease (SPEC §7).
+/// A key-value store for guests whose writes are fenced by the writer's lease (SPEC §7, §10).
+/// Keys live in namespaces (`space`: a service's name, or `bucket/NAME`); see [`kv`].
+///
+/// Reads are not fenced: a standby may read (`vvm-host kv`), and a read cannot act on the
+/// world. Each read sees one committed state of the store.
 #[async_trait]
 pub trait FencedKv: Send + Sync {
     /// The value under `key` in the namespace `space`, if any.
     async fn kv_get(&self, space: &str, key: &str) -> Result<Option<Vec<u8>>, StoreError>;
 
-    /// Writes `value` under `key` in `space`, atomically with a check that the live record
-    /// under `fence.lease_key` still carries `fence.term`. Returns `false` (and writes
-    /// nothing) when the term is stale: the lease expired or passed to another holder.
-    async fn kv_set(
+    /// The values under `keys` in `space`, in the order asked, read at one revision. At most
+    /// [`MAX_BATCH`] keys: the caller checks.
+    async fn kv_get_many(
+        &self,
+        space: &str,
+        keys: &[&str],
+    ) -> Result<Vec<Option<Vec<u8>>>, StoreError>;
+
+    /// Up to `limit` keys of `space` that start with `prefix` and sort after `after` (byte
+    /// order), in byte order, and whether more follow: the page after a page is the one
+    /// `after` its last key. A key written between two pages is listed if it sorts after the
+    /// first page's last key.
+    async fn kv_list(
+        &self,
+        space: &str,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<KvPage, StoreError>;
+
+    /// What `space` holds: its keys and their bytes, as the quota counts them.
+    async fn kv_usage(&self, space: &str) -> Result<KvUsage, StoreError>;
+
+    /// Applies `op` to `space` as [`kv::plan`] decides, in one transaction with a check that
+    /// the live record under `fence.lease_key` still carries `fence.term` and with the
+    /// namespace's usage under `quota`: all of it lands or none. A stale term refuses the
+    /// write ([`KvRefusal::StaleTerm`]) before anything else is decided, so a stale writer
+    /// never learns a value through a swap and never wins one. Concurrent writers to one
+    /// namespace (services sharing a bucket) are serialised by the store: none is lost and
+    /// the usage stays exact.
+    async fn kv_apply(
         &self,
         fence: &Fence<'_>,
         space: &str,
-        key: &str,
-        value: &[u8],
-    ) -> Result<bool, StoreError>;
+        op: &KvOp<'_>,
+        quota: &KvQuota,
+    ) -> Result<Result<KvDone, KvRefusal>, StoreError>;
 }
 
 /// The lease a fenced write is made under.

@@ -13,6 +13,7 @@
 mod bounded_locks;
 mod fault;
 mod file_watch;
+mod kv;
 #[cfg(test)]
 mod process_tests;
 mod schema;
@@ -35,11 +36,11 @@ use tokio::sync::Notify;
 use self::fault::Fault;
 use self::file_watch::FileWatch;
 use self::schema::{
-    BUSY_TIMEOUT, KV, LEASES, Lease, META, RELEASES_KEY, SCHEMA_VERSION, TERMS, begin_write,
+    BUSY_TIMEOUT, LEASES, Lease, META, RELEASES_KEY, SCHEMA_VERSION, TERMS, begin_write,
     expired_under, lease_row, live_lease, live_leases_under, open_database, open_read_only,
 };
 use self::scrub::{Scrubber, Verdict};
-use super::{Candidates, Fence, FencedKv, HandOver, Record, StoreError, Term, TtlStore};
+use super::{Candidates, HandOver, Record, StoreError, Term, TtlStore};
 use crate::clock::{Clock, SystemClock, Timestamp};
 
 /// How long a standby's candidacy record lives at least ([`TtlStore::candidacy_ttl`]): it
@@ -857,40 +858,5 @@ impl TtlStore for RedbStore {
                 _ => return,
             }
         }
-    }
-}
-
-#[async_trait]
-impl FencedKv for RedbStore {
-    async fn kv_get(&self, space: &str, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        let (space, key) = (space.to_owned(), key.to_owned());
-        self.read("kv_get", move |txn, _| {
-            let kv = txn.open_table(KV)?;
-            Ok(kv
-                .get((space.as_str(), key.as_str()))?
-                .map(|v| v.value().to_vec()))
-        })
-        .await
-    }
-
-    async fn kv_set(
-        &self,
-        fence: &Fence<'_>,
-        space: &str,
-        key: &str,
-        value: &[u8],
-    ) -> Result<bool, StoreError> {
-        let (lease_key, term) = (fence.lease_key.to_owned(), fence.term);
-        let (space, key, value) = (space.to_owned(), key.to_owned(), value.to_vec());
-        self.write("kv_set", Lane::Guest, move |txn, now| {
-            let leases = txn.open_table(LEASES)?;
-            if live_lease(&leases, &lease_key, now)?.is_none_or(|(lease, _)| lease.term != term) {
-                return Ok((false, Outcome::Abort));
-            }
-            txn.open_table(KV)?
-                .insert((space.as_str(), key.as_str()), value.as_slice())?;
-            Ok((true, Outcome::Commit))
-        })
-        .await
     }
 }

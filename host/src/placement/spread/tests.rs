@@ -616,14 +616,40 @@ impl crate::store::FencedKv for LateDeletes {
         self.inner.kv_get(space, key).await
     }
 
-    async fn kv_set(
+    async fn kv_get_many(
+        &self,
+        space: &str,
+        keys: &[&str],
+    ) -> Result<Vec<Option<Vec<u8>>>, crate::store::StoreError> {
+        self.inner.kv_get_many(space, keys).await
+    }
+
+    async fn kv_list(
+        &self,
+        space: &str,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<crate::store::KvPage, crate::store::StoreError> {
+        self.inner.kv_list(space, prefix, after, limit).await
+    }
+
+    async fn kv_usage(
+        &self,
+        space: &str,
+    ) -> Result<crate::store::KvUsage, crate::store::StoreError> {
+        self.inner.kv_usage(space).await
+    }
+
+    async fn kv_apply(
         &self,
         fence: &crate::store::Fence<'_>,
         space: &str,
-        key: &str,
-        value: &[u8],
-    ) -> Result<bool, crate::store::StoreError> {
-        self.inner.kv_set(fence, space, key, value).await
+        op: &crate::store::KvOp<'_>,
+        quota: &crate::store::KvQuota,
+    ) -> Result<Result<crate::store::KvDone, crate::store::KvRefusal>, crate::store::StoreError>
+    {
+        self.inner.kv_apply(fence, space, op, quota).await
     }
 }
 

@@ -8,7 +8,7 @@ use testkit::etcd::{EtcdServer, ServerTls, free_ports};
 
 use super::*;
 use crate::clock::ManualClock;
-use crate::store::conformance::{self, Backend};
+use crate::store::conformance::{self, Backend, SetOne};
 
 /// One etcd per test case; every open connects a new client to it.
 struct Etcd {

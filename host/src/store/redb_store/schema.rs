@@ -21,6 +21,9 @@ pub(super) const LEASES: TableDefinition<&str, (&str, u64, u128, u64)> =
 pub(super) const TERMS: TableDefinition<&str, u64> = TableDefinition::new("terms");
 /// The guests' fenced key-value space: (namespace, key) -> bytes.
 pub(super) const KV: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("kv");
+/// Each guest namespace's usage, kept with its keys: namespace -> (keys, bytes of keys and
+/// values). Absent for an empty namespace, and for one not written since before it was kept.
+pub(super) const KV_USAGE: TableDefinition<&str, (u64, u64)> = TableDefinition::new("kv_usage");
 /// Store-wide numbers: [`SCHEMA_KEY`] and [`RELEASES_KEY`].
 pub(super) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
@@ -93,7 +96,13 @@ pub(super) fn open_database(path: &Path, patience: Duration) -> Result<Database,
                 });
             }
             None => {
-                let ours = [LEASES.name(), TERMS.name(), KV.name(), META.name()];
+                let ours = [
+                    LEASES.name(),
+                    TERMS.name(),
+                    KV.name(),
+                    KV_USAGE.name(),
+                    META.name(),
+                ];
                 if let Some(foreign) = txn.list_tables()?.find(|t| !ours.contains(&t.name())) {
                     return Err(Fault::Foreign(foreign.name().to_owned()));
                 }
@@ -105,6 +114,7 @@ pub(super) fn open_database(path: &Path, patience: Duration) -> Result<Database,
     txn.open_table(LEASES).map_err(Fault::table)?;
     txn.open_table(TERMS).map_err(Fault::table)?;
     txn.open_table(KV).map_err(Fault::table)?;
+    txn.open_table(KV_USAGE).map_err(Fault::table)?;
     txn.commit()?;
     Ok(db)
 }

@@ -9,7 +9,8 @@ use tempfile::TempDir;
 use super::schema::SCHEMA_KEY;
 use super::*;
 use crate::clock::ManualClock;
-use crate::store::conformance::{self, Backend};
+use crate::store::Fence;
+use crate::store::conformance::{self, Backend, SetOne};
 use redb::{Builder, ConcurrencyMode, TableDefinition};
 
 const TTL: Duration = Duration::from_secs(10);

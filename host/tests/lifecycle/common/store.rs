@@ -10,7 +10,8 @@ use tokio::time::{Instant, sleep};
 use vvm_host::clock::TokioClock;
 use vvm_host::keys::CANDIDATE_PREFIX;
 use vvm_host::store::{
-    Candidates, Fence, FencedKv, HandOver, MemStore, Record, StoreError, Term, TtlStore,
+    Candidates, Fence, FencedKv, HandOver, KvDone, KvOp, KvPage, KvQuota, KvRefusal, KvUsage,
+    MemStore, Record, StoreError, Term, TtlStore,
 };
 
 use super::journal::{Event, Journal};
@@ -358,13 +359,35 @@ impl FencedKv for FaultyStore {
         self.inner.kv_get(space, key).await
     }
 
-    async fn kv_set(
+    async fn kv_get_many(
+        &self,
+        space: &str,
+        keys: &[&str],
+    ) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        self.inner.kv_get_many(space, keys).await
+    }
+
+    async fn kv_list(
+        &self,
+        space: &str,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<KvPage, StoreError> {
+        self.inner.kv_list(space, prefix, after, limit).await
+    }
+
+    async fn kv_usage(&self, space: &str) -> Result<KvUsage, StoreError> {
+        self.inner.kv_usage(space).await
+    }
+
+    async fn kv_apply(
         &self,
         fence: &Fence<'_>,
         space: &str,
-        key: &str,
-        value: &[u8],
-    ) -> Result<bool, StoreError> {
-        self.inner.kv_set(fence, space, key, value).await
+        op: &KvOp<'_>,
+        quota: &KvQuota,
+    ) -> Result<Result<KvDone, KvRefusal>, StoreError> {
+        self.inner.kv_apply(fence, space, op, quota).await
     }
 }

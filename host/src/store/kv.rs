@@ -1,0 +1,416 @@
+//! The guests' fenced key-value operations (SPEC §7, §10): their types, and what a write does
+//! to a namespace ([`plan`]), decided once here so that every backend applies the same
+//! outcome, refusal and usage figures in its own transaction.
+//!
+//! A namespace is a service's own space (its name) or a shared bucket (`bucket/NAME`). Its
+//! usage is its number of keys and the bytes of its keys and values; a backend keeps it
+//! beside the data, updated in each write's transaction, so a quota is exact and costs no
+//! scan.
+
+use std::collections::HashMap;
+
+/// The most keys one write or read of many keys may touch: etcd takes at most 128
+/// operations in a transaction, and a fenced batch needs a few for the fence and the usage.
+pub const MAX_BATCH: usize = 100;
+
+/// One write of a batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvWrite<'a> {
+    /// Puts `value` under `key`.
+    Set {
+        /// The key.
+        key: &'a str,
+        /// The value.
+        value: &'a [u8],
+    },
+    /// Removes `key`, if present.
+    Delete {
+        /// The key.
+        key: &'a str,
+    },
+}
+
+impl<'a> KvWrite<'a> {
+    /// The key written.
+    #[must_use]
+    pub fn key(&self) -> &'a str {
+        match self {
+            Self::Set { key, .. } | Self::Delete { key } => key,
+        }
+    }
+}
+
+/// A fenced write ([`super::FencedKv::kv_apply`]).
+#[derive(Clone, Copy, Debug)]
+pub enum KvOp<'a> {
+    /// Sets and deletes, all or none, in order (a key written twice keeps the last).
+    Batch(&'a [KvWrite<'a>]),
+    /// Adds `delta` to the decimal integer under `key` (absent counts as 0) and stores the
+    /// sum as decimal text.
+    Increment {
+        /// The key.
+        key: &'a str,
+        /// What to add.
+        delta: i64,
+    },
+    /// Puts `new` under `key` if the stored bytes equal `expected` exactly (`None`: the key
+    /// is absent); else writes nothing.
+    Swap {
+        /// The key.
+        key: &'a str,
+        /// What the key must hold.
+        expected: Option<&'a [u8]>,
+        /// What it then holds.
+        new: &'a [u8],
+    },
+}
+
+impl<'a> KvOp<'a> {
+    /// Every key the write touches, in order (a batch may name one twice).
+    pub fn keys(&self) -> impl Iterator<Item = &'a str> + '_ {
+        let (batch, one): (&[KvWrite<'a>], Option<&'a str>) = match *self {
+            Self::Batch(writes) => (writes, None),
+            Self::Increment { key, .. } | Self::Swap { key, .. } => (&[], Some(key)),
+        };
+        batch.iter().map(KvWrite::key).chain(one)
+    }
+}
+
+/// What a fenced write that landed (or, for a swap, was decided) answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvDone {
+    /// A batch was written.
+    Written,
+    /// An increment's sum.
+    Number(i64),
+    /// Whether a swap wrote.
+    Swapped(bool),
+}
+
+/// Why a fenced write wrote nothing, though the store answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum KvRefusal {
+    /// The fence's term is not the live one of its lease: expired, released or passed on.
+    #[error("the lease's term is stale")]
+    StaleTerm,
+    /// The namespace would hold more than `limit` keys.
+    #[error("the namespace would hold more than {limit} keys")]
+    TooManyKeys {
+        /// The quota.
+        limit: u64,
+    },
+    /// The namespace would hold more than `limit` bytes of keys and values.
+    #[error("the namespace would hold more than {limit} bytes")]
+    TooManyBytes {
+        /// The quota.
+        limit: u64,
+    },
+    /// An increment of a value that is not a decimal integer.
+    #[error("the value is not a decimal integer")]
+    NotANumber,
+    /// An increment whose sum leaves the 64-bit signed range.
+    #[error("the sum leaves the 64-bit integer range")]
+    Overflow,
+}
+
+/// A namespace's quota: a write that would leave it over either figure, and grows that
+/// figure, is refused. A write that shrinks or keeps it (a delete, a shorter value) always
+/// passes, so a namespace over a lowered quota can be cleaned up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvQuota {
+    /// The most keys.
+    pub max_keys: u64,
+    /// The most bytes of keys and values.
+    pub max_bytes: u64,
+}
+
+impl KvQuota {
+    /// No quota.
+    pub const UNLIMITED: Self = Self {
+        max_keys: u64::MAX,
+        max_bytes: u64::MAX,
+    };
+}
+
+/// What a namespace holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KvUsage {
+    /// Its keys.
+    pub keys: u64,
+    /// The bytes of its keys and values.
+    pub bytes: u64,
+}
+
+impl KvUsage {
+    /// The usage of `entries`' keys and values.
+    pub fn of<'e>(entries: impl IntoIterator<Item = (&'e str, &'e [u8])>) -> Self {
+        entries
+            .into_iter()
+            .fold(Self::default(), |u, (k, v)| u.with(k, Some(v.len())))
+    }
+
+    /// This usage with `key` holding a value of `len` bytes (`None`: absent) added.
+    fn with(self, key: &str, len: Option<usize>) -> Self {
+        match len {
+            Some(len) => Self {
+                keys: self.keys + 1,
+                bytes: self.bytes + size(key, len),
+            },
+            None => self,
+        }
+    }
+
+    /// This usage with `key`'s value of `len` bytes taken out.
+    fn without(self, key: &str, len: Option<usize>) -> Self {
+        match len {
+            Some(len) => Self {
+                keys: self.keys.saturating_sub(1),
+                bytes: self.bytes.saturating_sub(size(key, len)),
+            },
+            None => self,
+        }
+    }
+}
+
+fn size(key: &str, len: usize) -> u64 {
+    u64::try_from(key.len() + len).unwrap_or(u64::MAX)
+}
+
+/// A page of a namespace's keys ([`super::FencedKv::kv_list`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KvPage {
+    /// The keys, in byte order.
+    pub keys: Vec<String>,
+    /// Whether keys follow the last of them.
+    pub more: bool,
+}
+
+/// What a fenced write does: each touched key's new value (`None`: deleted), the usage after
+/// it, and the answer. Made by [`plan`] once the fence has passed.
+#[derive(Debug, PartialEq, Eq)]
+pub struct KvPlan {
+    /// Each key the write changes, once, with its final value.
+    pub changes: Vec<(String, Option<Vec<u8>>)>,
+    /// The namespace's usage after the write.
+    pub usage: KvUsage,
+    /// The answer.
+    pub done: KvDone,
+}
+
+/// What `op` does to a namespace whose touched keys hold `old` (a key absent from the map is
+/// absent from the store) and which uses `usage`, under `quota`.
+///
+/// # Errors
+/// The refusal, other than a stale term (the backend's fence decides that first).
+pub fn plan(
+    op: &KvOp<'_>,
+    old: &HashMap<&str, Option<&[u8]>>,
+    usage: KvUsage,
+    quota: &KvQuota,
+) -> Result<KvPlan, KvRefusal> {
+    let before = |key: &str| old.get(key).copied().flatten();
+    let mut finals: Vec<(&str, Option<Vec<u8>>)> = Vec::new();
+    let done = match *op {
+        KvOp::Batch(writes) => {
+            for write in writes {
+                let value = match write {
+                    KvWrite::Set { value, .. } => Some(value.to_vec()),
+                    KvWrite::Delete { .. } => None,
+                };
+                match finals.iter_mut().find(|(k, _)| *k == write.key()) {
+                    Some(slot) => slot.1 = value,
+                    None => finals.push((write.key(), value)),
+                }
+            }
+            KvDone::Written
+        }
+        KvOp::Increment { key, delta } => {
+            let current = match before(key) {
+                None => 0,
+                Some(bytes) => std::str::from_utf8(bytes)
+                    .ok()
+                    .and_then(|s| s.trim().parse::<i64>().ok())
+                    .ok_or(KvRefusal::NotANumber)?,
+            };
+            let sum = current.checked_add(delta).ok_or(KvRefusal::Overflow)?;
+            finals.push((key, Some(sum.to_string().into_bytes())));
+            KvDone::Number(sum)
+        }
+        KvOp::Swap { key, expected, new } => {
+            if before(key) != expected {
+                return Ok(KvPlan {
+                    changes: Vec::new(),
+                    usage,
+                    done: KvDone::Swapped(false),
+                });
+            }
+            finals.push((key, Some(new.to_vec())));
+            KvDone::Swapped(true)
+        }
+    };
+    let after = finals.iter().fold(usage, |u, (key, value)| {
+        u.without(key, before(key).map(<[u8]>::len))
+            .with(key, value.as_ref().map(Vec::len))
+    });
+    if after.keys > quota.max_keys && after.keys > usage.keys {
+        return Err(KvRefusal::TooManyKeys {
+            limit: quota.max_keys,
+        });
+    }
+    if after.bytes > quota.max_bytes && after.bytes > usage.bytes {
+        return Err(KvRefusal::TooManyBytes {
+            limit: quota.max_bytes,
+        });
+    }
+    Ok(KvPlan {
+        changes: finals
+            .into_iter()
+            .filter(|(key, value)| before(key) != value.as_deref())
+            .map(|(key, value)| (key.to_owned(), value))
+            .collect(),
+        usage: after,
+        done,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn old<'a>(entries: &[(&'a str, &'a [u8])]) -> HashMap<&'a str, Option<&'a [u8]>> {
+        entries.iter().map(|&(k, v)| (k, Some(v))).collect()
+    }
+
+    const ROOMY: KvQuota = KvQuota::UNLIMITED;
+
+    #[test]
+    fn a_batch_keeps_the_last_write_of_a_key_and_counts_usage_exactly() {
+        let writes = [
+            KvWrite::Set {
+                key: "a",
+                value: b"12345",
+            },
+            KvWrite::Delete { key: "b" },
+            KvWrite::Set {
+                key: "a",
+                value: b"1",
+            },
+            KvWrite::Set {
+                key: "c",
+                value: b"xy",
+            },
+        ];
+        let stored = old(&[("a", b"old"), ("b", b"bb")]);
+        let usage = KvUsage::of([("a", &b"old"[..]), ("b", &b"bb"[..])]);
+        let plan = plan(&KvOp::Batch(&writes), &stored, usage, &ROOMY).unwrap();
+        assert_eq!(plan.done, KvDone::Written);
+        assert_eq!(
+            plan.changes,
+            vec![
+                ("a".to_owned(), Some(b"1".to_vec())),
+                ("b".to_owned(), None),
+                ("c".to_owned(), Some(b"xy".to_vec())),
+            ]
+        );
+        assert_eq!(
+            plan.usage,
+            KvUsage::of([("a", &b"1"[..]), ("c", &b"xy"[..])])
+        );
+    }
+
+    #[test]
+    fn a_quota_refuses_growth_past_it_but_never_a_shrink() {
+        let stored = old(&[("a", b"1234")]);
+        let usage = KvUsage::of([("a", &b"1234"[..])]);
+        let keys = KvQuota {
+            max_keys: 1,
+            max_bytes: u64::MAX,
+        };
+        let new_key = [KvWrite::Set {
+            key: "b",
+            value: b"",
+        }];
+        assert_eq!(
+            plan(&KvOp::Batch(&new_key), &stored, usage, &keys),
+            Err(KvRefusal::TooManyKeys { limit: 1 })
+        );
+        let overwrite = [KvWrite::Set {
+            key: "a",
+            value: b"9",
+        }];
+        assert!(plan(&KvOp::Batch(&overwrite), &stored, usage, &keys).is_ok());
+
+        let bytes = KvQuota {
+            max_keys: u64::MAX,
+            max_bytes: 3,
+        };
+        // Already over 3 bytes (5): shrinking passes, growing does not.
+        assert!(plan(&KvOp::Batch(&overwrite), &stored, usage, &bytes).is_ok());
+        let grow = [KvWrite::Set {
+            key: "a",
+            value: b"12345",
+        }];
+        assert_eq!(
+            plan(&KvOp::Batch(&grow), &stored, usage, &bytes),
+            Err(KvRefusal::TooManyBytes { limit: 3 })
+        );
+        let delete = [KvWrite::Delete { key: "a" }];
+        let freed = plan(&KvOp::Batch(&delete), &stored, usage, &bytes).unwrap();
+        assert_eq!(freed.usage, KvUsage::default());
+    }
+
+    #[test]
+    fn an_increment_counts_from_zero_and_refuses_text_and_overflow() {
+        let none = HashMap::new();
+        let op = KvOp::Increment { key: "n", delta: 5 };
+        let first = plan(&op, &none, KvUsage::default(), &ROOMY).unwrap();
+        assert_eq!(first.done, KvDone::Number(5));
+        assert_eq!(first.changes, vec![("n".to_owned(), Some(b"5".to_vec()))]);
+
+        let neg = KvOp::Increment {
+            key: "n",
+            delta: -7,
+        };
+        let stored = old(&[("n", b"5")]);
+        assert_eq!(
+            plan(&neg, &stored, KvUsage::default(), &ROOMY)
+                .unwrap()
+                .done,
+            KvDone::Number(-2)
+        );
+        let text = old(&[("n", b"five")]);
+        assert_eq!(
+            plan(&op, &text, KvUsage::default(), &ROOMY),
+            Err(KvRefusal::NotANumber)
+        );
+        let max = i64::MAX.to_string();
+        let top = old(&[("n", max.as_bytes())]);
+        assert_eq!(
+            plan(&op, &top, KvUsage::default(), &ROOMY),
+            Err(KvRefusal::Overflow)
+        );
+    }
+
+    #[test]
+    fn a_swap_compares_the_exact_bytes_and_absence() {
+        let stored = old(&[("k", b"v1")]);
+        let usage = KvUsage::of([("k", &b"v1"[..])]);
+        let swap = |expected: Option<&'static [u8]>| KvOp::Swap {
+            key: "k",
+            expected,
+            new: b"v2",
+        };
+        let lost = plan(&swap(Some(b"v1 ")), &stored, usage, &ROOMY).unwrap();
+        assert_eq!(lost.done, KvDone::Swapped(false));
+        assert!(lost.changes.is_empty());
+        assert_eq!(
+            plan(&swap(None), &stored, usage, &ROOMY).unwrap().done,
+            KvDone::Swapped(false)
+        );
+        let won = plan(&swap(Some(b"v1")), &stored, usage, &ROOMY).unwrap();
+        assert_eq!(won.done, KvDone::Swapped(true));
+        assert_eq!(won.changes, vec![("k".to_owned(), Some(b"v2".to_vec()))]);
+        let fresh = plan(&swap(None), &HashMap::new(), KvUsage::default(), &ROOMY).unwrap();
+        assert_eq!(fresh.done, KvDone::Swapped(true));
+    }
+}

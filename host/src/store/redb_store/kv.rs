@@ -1,0 +1,264 @@
+//! The guests' fenced key-value space in the redb file ([`FencedKv`]): each write is one write
+//! transaction that checks the lease's term, reads the touched keys and the namespace's usage
+//! record, and writes the keys and the new usage, or nothing.
+//!
+//! A namespace's usage record is made on its first write by this version: from a scan of what
+//! the namespace already holds (data written before usage was kept), once.
+
+use std::collections::HashMap;
+use std::ops::Bound;
+
+use async_trait::async_trait;
+use redb::{ReadableTable, Table};
+
+use super::fault::Fault;
+use super::schema::{KV, KV_USAGE, LEASES, live_lease};
+use super::{Lane, Outcome, RedbStore};
+use crate::store::kv::{self, KvDone, KvOp, KvPage, KvQuota, KvRefusal, KvUsage};
+use crate::store::{Fence, FencedKv, StoreError};
+
+/// The keys of `space` from `low` on, in order, each with its value's length.
+fn keys_from<'t>(
+    kv: &'t impl ReadableTable<(&'static str, &'static str), &'static [u8]>,
+    space: &'t str,
+    low: Bound<&'t str>,
+) -> Result<impl Iterator<Item = Result<(String, usize), Fault>> + 't, Fault> {
+    let low = match low {
+        Bound::Included(key) => Bound::Included((space, key)),
+        Bound::Excluded(key) => Bound::Excluded((space, key)),
+        Bound::Unbounded => Bound::Included((space, "")),
+    };
+    let range = kv.range::<(&str, &str)>((low, Bound::Unbounded))?;
+    Ok(range
+        .map(move |entry| {
+            let (k, v) = entry?;
+            let (s, key) = k.value();
+            Ok((s == space).then(|| (key.to_owned(), v.value().len())))
+        })
+        .map_while(Result::transpose))
+}
+
+/// `space`'s usage from a scan of its keys.
+fn scanned_usage(
+    kv: &impl ReadableTable<(&'static str, &'static str), &'static [u8]>,
+    space: &str,
+) -> Result<KvUsage, Fault> {
+    let mut usage = KvUsage::default();
+    for entry in keys_from(kv, space, Bound::Unbounded)? {
+        let (key, len) = entry?;
+        usage.keys += 1;
+        usage.bytes += u64::try_from(key.len() + len).unwrap_or(u64::MAX);
+    }
+    Ok(usage)
+}
+
+/// `space`'s usage: its record, or (none yet) a scan.
+fn usage_of(
+    usage: Option<&impl ReadableTable<&'static str, (u64, u64)>>,
+    kv: &impl ReadableTable<(&'static str, &'static str), &'static [u8]>,
+    space: &str,
+) -> Result<KvUsage, Fault> {
+    if let Some(record) = usage.map(|t| t.get(space)).transpose()?.flatten() {
+        let (keys, bytes) = record.value();
+        return Ok(KvUsage { keys, bytes });
+    }
+    scanned_usage(kv, space)
+}
+
+/// Applies `op` in `txn` (the fence has passed), or refuses it.
+fn apply(
+    kv: &mut Table<'_, (&'static str, &'static str), &'static [u8]>,
+    usages: &mut Table<'_, &'static str, (u64, u64)>,
+    space: &str,
+    op: &KvOp<'_>,
+    quota: &KvQuota,
+) -> Result<Result<KvDone, KvRefusal>, Fault> {
+    let usage = usage_of(Some(&*usages), &*kv, space)?;
+    let mut stored: HashMap<&str, Option<Vec<u8>>> = HashMap::new();
+    for key in op.keys() {
+        let value = kv.get((space, key))?.map(|v| v.value().to_vec());
+        stored.insert(key, value);
+    }
+    let old = stored.iter().map(|(k, v)| (*k, v.as_deref())).collect();
+    let plan = match kv::plan(op, &old, usage, quota) {
+        Ok(plan) => plan,
+        Err(refusal) => return Ok(Err(refusal)),
+    };
+    for (key, value) in &plan.changes {
+        match value {
+            Some(value) => kv.insert((space, key.as_str()), value.as_slice())?,
+            None => kv.remove((space, key.as_str()))?,
+        };
+    }
+    if plan.usage.keys == 0 {
+        usages.remove(space)?;
+    } else {
+        usages.insert(space, (plan.usage.keys, plan.usage.bytes))?;
+    }
+    Ok(Ok(plan.done))
+}
+
+#[async_trait]
+impl FencedKv for RedbStore {
+    async fn kv_get(&self, space: &str, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let (space, key) = (space.to_owned(), key.to_owned());
+        self.read("kv_get", move |txn, _| {
+            let kv = txn.open_table(KV)?;
+            Ok(kv
+                .get((space.as_str(), key.as_str()))?
+                .map(|v| v.value().to_vec()))
+        })
+        .await
+    }
+
+    async fn kv_get_many(
+        &self,
+        space: &str,
+        keys: &[&str],
+    ) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let space = space.to_owned();
+        let keys: Vec<String> = keys.iter().map(|&k| k.to_owned()).collect();
+        self.read("kv_get_many", move |txn, _| {
+            let kv = txn.open_table(KV)?;
+            keys.iter()
+                .map(|key| {
+                    Ok(kv
+                        .get((space.as_str(), key.as_str()))?
+                        .map(|v| v.value().to_vec()))
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn kv_list(
+        &self,
+        space: &str,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<KvPage, StoreError> {
+        let (space, prefix) = (space.to_owned(), prefix.to_owned());
+        let after = after.map(str::to_owned);
+        self.read("kv_list", move |txn, _| {
+            let kv = txn.open_table(KV)?;
+            // From the prefix itself (it may be a key), or after `after` if that sorts later.
+            let low = match &after {
+                Some(a) if *a >= prefix => Bound::Excluded(a.as_str()),
+                _ => Bound::Included(prefix.as_str()),
+            };
+            let mut page = KvPage::default();
+            for entry in keys_from(&kv, &space, low)? {
+                let (key, _) = entry?;
+                if !key.starts_with(prefix.as_str()) {
+                    break;
+                }
+                if page.keys.len() == limit {
+                    page.more = true;
+                    break;
+                }
+                page.keys.push(key);
+            }
+            Ok(page)
+        })
+        .await
+    }
+
+    async fn kv_usage(&self, space: &str) -> Result<KvUsage, StoreError> {
+        let space = space.to_owned();
+        self.read("kv_usage", move |txn, _| {
+            let kv = txn.open_table(KV)?;
+            // A file that no host of this version has written has no usage table yet.
+            let usages = match txn.open_table(KV_USAGE) {
+                Ok(table) => Some(table),
+                Err(redb::TableError::TableDoesNotExist(_)) => None,
+                Err(e) => return Err(Fault::table(e)),
+            };
+            usage_of(usages.as_ref(), &kv, &space)
+        })
+        .await
+    }
+
+    async fn kv_apply(
+        &self,
+        fence: &Fence<'_>,
+        space: &str,
+        op: &KvOp<'_>,
+        quota: &KvQuota,
+    ) -> Result<Result<KvDone, KvRefusal>, StoreError> {
+        let (lease_key, term) = (fence.lease_key.to_owned(), fence.term);
+        let space = space.to_owned();
+        let owned = OwnedOp::from(op);
+        let quota = *quota;
+        self.write("kv_apply", Lane::Guest, move |txn, now| {
+            let leases = txn.open_table(LEASES)?;
+            if live_lease(&leases, &lease_key, now)?.is_none_or(|(lease, _)| lease.term != term) {
+                return Ok((Err(KvRefusal::StaleTerm), Outcome::Abort));
+            }
+            let mut kv = txn.open_table(KV)?;
+            let mut usages = txn.open_table(KV_USAGE).map_err(Fault::table)?;
+            let answer = owned.with(|op| apply(&mut kv, &mut usages, &space, op, &quota))?;
+            let outcome = if matches!(
+                answer,
+                Ok(KvDone::Written | KvDone::Number(_) | KvDone::Swapped(true))
+            ) {
+                Outcome::Commit
+            } else {
+                Outcome::Abort
+            };
+            Ok((answer, outcome))
+        })
+        .await
+    }
+}
+
+/// A [`KvOp`] owned, to cross to the blocking pool.
+enum OwnedOp {
+    Batch(Vec<(String, Option<Vec<u8>>)>),
+    Increment(String, i64),
+    Swap(String, Option<Vec<u8>>, Vec<u8>),
+}
+
+impl From<&KvOp<'_>> for OwnedOp {
+    fn from(op: &KvOp<'_>) -> Self {
+        match *op {
+            KvOp::Batch(writes) => Self::Batch(
+                writes
+                    .iter()
+                    .map(|w| match *w {
+                        kv::KvWrite::Set { key, value } => (key.to_owned(), Some(value.to_vec())),
+                        kv::KvWrite::Delete { key } => (key.to_owned(), None),
+                    })
+                    .collect(),
+            ),
+            KvOp::Increment { key, delta } => Self::Increment(key.to_owned(), delta),
+            KvOp::Swap { key, expected, new } => {
+                Self::Swap(key.to_owned(), expected.map(<[u8]>::to_vec), new.to_vec())
+            }
+        }
+    }
+}
+
+impl OwnedOp {
+    /// Calls `f` with the borrowed form.
+    fn with<T>(&self, f: impl FnOnce(&KvOp<'_>) -> T) -> T {
+        match self {
+            Self::Batch(writes) => {
+                let writes: Vec<kv::KvWrite<'_>> = writes
+                    .iter()
+                    .map(|(key, value)| match value {
+                        Some(value) => kv::KvWrite::Set { key, value },
+                        None => kv::KvWrite::Delete { key },
+                    })
+                    .collect();
+                f(&KvOp::Batch(&writes))
+            }
+            Self::Increment(key, delta) => f(&KvOp::Increment { key, delta: *delta }),
+            Self::Swap(key, expected, new) => f(&KvOp::Swap {
+                key,
+                expected: expected.as_deref(),
+                new,
+            }),
+        }
+    }
+}
