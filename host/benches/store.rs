@@ -1,6 +1,8 @@
 //! Latency of the redb store: insert / CAS / delete, median and p99, with the file used by this
 //! process alone and with a second process writing the same file; then how soon a waiter
-//! learns of a release committed by another process.
+//! learns of a release committed by another process; then the guests' fenced key-value writes
+//! (`kv_apply` set / increment / swap) per second on redb and on a loopback etcd (if `etcd` is
+//! on PATH), each beside its store's raw write of one key in the same run.
 //!
 //! Run with `cargo bench -p vvm-host --bench store`. The file lives in `$VVM_BENCH_DIR`, else
 //! the system temp directory: its filesystem decides the cost of `fsync`.
@@ -15,10 +17,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use vvm_host::store::{RedbStore, TtlStore};
+use vvm_host::store::{
+    EtcdOptions, EtcdStore, Fence, KvDone, KvOp, KvQuota, KvWrite, RedbStore, Store, TtlStore,
+};
 
 const OPS: usize = 1000;
 const WAKES: usize = 100;
+/// Writes per row of the key-value table.
+const KV_OPS: u32 = 500;
 const TTL: Duration = Duration::from_hours(1);
 const ROLE_ENV: &str = "VVM_BENCH_ROLE";
 const PATH_ENV: &str = "VVM_BENCH_PATH";
@@ -60,6 +66,136 @@ async fn bench() {
     other.wait().expect("reap the writer");
 
     wakes(&store, &path).await;
+
+    println!();
+    println!("fenced key-value writes, {KV_OPS} each, one writer; ratio: to the raw write");
+    println!(
+        "{:<6} {:<22} {:>10} {:>7}",
+        "store", "write", "ops/s", "ratio"
+    );
+    let raw = raw_redb_writes(&dir.path().join("raw.redb"));
+    kv_rows("redb", &store, raw).await;
+    if let Some(server) = testkit::etcd::EtcdServer::start() {
+        let options = EtcdOptions {
+            endpoints: vec![server.endpoint()],
+            ..EtcdOptions::default()
+        };
+        let etcd = EtcdStore::connect(options).await.expect("connect to etcd");
+        let raw = raw_etcd_puts(&server.endpoint()).await;
+        kv_rows("etcd", &etcd, raw).await;
+    }
+}
+
+/// Prints the fenced writes' rows of `store`, after its raw write's (`raw` per second).
+async fn kv_rows(name: &str, store: &dyn Store, raw: f64) {
+    let term = store
+        .insert_if_absent("kv-bench", "me", TTL.min(Duration::from_mins(10)))
+        .await
+        .expect("insert")
+        .expect("the lease is free");
+    let fence = Fence {
+        lease_key: "kv-bench",
+        term,
+    };
+    let print = |write: &str, per_second: f64| {
+        println!(
+            "{name:<6} {write:<22} {per_second:>10.0} {:>7.2}",
+            per_second / raw
+        );
+    };
+    print("raw write", raw);
+    let mut value = 0u32;
+    let set = per_second(|| {
+        value += 1;
+        let text = value.to_string();
+        async move {
+            let writes = [KvWrite::Set {
+                key: "set",
+                value: text.as_bytes(),
+            }];
+            fenced(store, &fence, &KvOp::Batch(&writes)).await;
+        }
+    })
+    .await;
+    print("kv_apply set", set);
+    let increment = per_second(|| async {
+        let op = KvOp::Increment {
+            key: "count",
+            delta: 1,
+        };
+        fenced(store, &fence, &op).await;
+    })
+    .await;
+    print("kv_apply increment", increment);
+    let mut swaps = 0u32;
+    let swap = per_second(|| {
+        // From absent to "1", then from each number to the next.
+        let expected = (swaps > 0).then(|| swaps.to_string());
+        swaps += 1;
+        let new = swaps.to_string();
+        async move {
+            let op = KvOp::Swap {
+                key: "swap",
+                expected: expected.as_deref().map(str::as_bytes),
+                new: new.as_bytes(),
+            };
+            assert_eq!(fenced(store, &fence, &op).await, KvDone::Swapped(true));
+        }
+    })
+    .await;
+    print("kv_apply swap", swap);
+}
+
+/// One fenced write, which must land.
+async fn fenced(store: &dyn Store, fence: &Fence<'_>, op: &KvOp<'_>) -> KvDone {
+    store
+        .kv_apply(fence, "bench", op, &KvQuota::UNLIMITED)
+        .await
+        .expect("kv_apply")
+        .expect("not refused")
+}
+
+/// How many of `write` run per second, one after the other, over [`KV_OPS`] of them.
+async fn per_second<F: Future<Output = ()>>(mut write: impl FnMut() -> F) -> f64 {
+    let start = Instant::now();
+    for _ in 0..KV_OPS {
+        write().await;
+    }
+    f64::from(KV_OPS) / start.elapsed().as_secs_f64()
+}
+
+/// Plain redb write transactions of one key each, durable (`Durability::Immediate`), on a
+/// file of their own: per second.
+fn raw_redb_writes(path: &Path) -> f64 {
+    let table: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("raw");
+    let db = redb::Database::create(path).expect("raw redb file");
+    let start = Instant::now();
+    for i in 0..KV_OPS {
+        let mut txn = db.begin_write().expect("write transaction");
+        txn.set_durability(redb::Durability::Immediate)
+            .expect("durability");
+        {
+            let mut t = txn.open_table(table).expect("table");
+            t.insert("key", i.to_string().as_bytes()).expect("insert");
+        }
+        txn.commit().expect("commit");
+    }
+    f64::from(KV_OPS) / start.elapsed().as_secs_f64()
+}
+
+/// Plain etcd puts of one key each, on a client of their own: per second.
+async fn raw_etcd_puts(endpoint: &str) -> f64 {
+    let mut client = etcd_client::Client::connect([endpoint], None)
+        .await
+        .expect("connect to etcd");
+    let start = Instant::now();
+    for i in 0..KV_OPS {
+        client
+            .put("raw/key", i.to_string(), None)
+            .await
+            .expect("put");
+    }
+    f64::from(KV_OPS) / start.elapsed().as_secs_f64()
 }
 
 /// Times `OPS` inserts of new keys, then a CAS on each, then a delete of each.

@@ -3,6 +3,8 @@
 //! A backend's test module implements [`Backend`] and expands [`suite!`], which turns every
 //! case below into a `#[tokio::test]`.
 
+mod kv;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -65,7 +67,21 @@ macro_rules! suite {
             a_handover_prepared_ahead_goes_to_a_live_candidate_even_if_the_view_went_stale,
             list_returns_the_live_records_under_a_prefix,
             renew_all_renews_every_record_of_the_holder_and_no_other,
-            renew_all_never_renews_a_record_the_holder_lost);
+            renew_all_never_renews_a_record_the_holder_lost,
+            a_stale_batch_racing_a_takeover_never_lands_after_the_new_one,
+            a_stale_increment_racing_a_takeover_never_lands_after_the_new_one,
+            a_stale_swap_racing_a_takeover_never_lands_after_the_new_one,
+            kv_a_batch_keeps_the_last_write_of_a_key_and_lands_whole_or_not_at_all,
+            kv_delete_removes_keys_and_an_absent_key_is_no_error,
+            kv_get_many_answers_in_the_order_asked_with_absent_keys,
+            kv_list_pages_through_a_prefix,
+            kv_increment_counts_from_absent_and_refuses_text_and_overflow,
+            kv_swap_compares_exact_bytes_and_absence_and_a_loss_writes_nothing,
+            kv_a_key_quota_refuses_growth_writes_nothing_and_a_delete_frees_a_key,
+            kv_a_byte_quota_refuses_growth_writes_nothing_and_lets_a_namespace_shrink,
+            kv_usage_is_exact_after_mixed_writes, kv_a_batch_of_max_batch_keys_lands,
+            kv_a_stale_term_refuses_every_kind_of_write,
+            kv_two_writers_sharing_a_namespace_lose_nothing);
     };
     // `optional: expr` takes an `Option` of a backend; `None` (e.g. a missing server binary,
     // reported by whoever built the option) turns every case into a no-op.
@@ -80,6 +96,8 @@ macro_rules! suite {
     };
 }
 pub(crate) use suite;
+
+pub(crate) use kv::*;
 
 /// A single fenced set, as the cases below write it: `true` if it landed, `false` if the
 /// term was stale.
@@ -368,89 +386,6 @@ pub(crate) async fn kv_writes_are_fenced_by_term<B: Backend>(b: &mut B) {
         s.kv_get("svc", "x").await.unwrap().as_deref(),
         Some(&b"2"[..])
     );
-}
-
-/// Two writers race from separate threads: the old leader keeps writing under its term while
-/// a takeover happens and the new leader writes under the new term, reading back after each
-/// write. A stale write must never land after a write of the newer term.
-pub(crate) async fn a_stale_writer_racing_a_takeover_never_lands_after_the_new_one<B: Backend>(
-    b: &mut B,
-) {
-    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-
-    let clock = ManualClock::default();
-    let s = Arc::new(b.open(&clock).await);
-    let t1 = s.insert_if_absent("k", "a", B::TTL).await.unwrap().unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let refused = Arc::new(AtomicU32::new(0));
-    let old_writer = std::thread::spawn({
-        let (s, stop, refused) = (Arc::clone(&s), Arc::clone(&stop), Arc::clone(&refused));
-        move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                let old = Fence {
-                    lease_key: "k",
-                    term: t1,
-                };
-                let mut landed = 0u32;
-                for i in 0u64.. {
-                    if stop.load(Ordering::SeqCst) {
-                        break;
-                    }
-                    let value = format!("old {i}");
-                    match s.kv_set(&old, "svc", "x", value.as_bytes()).await {
-                        Ok(true) => landed += 1,
-                        Ok(false) => {
-                            refused.fetch_add(1, Ordering::SeqCst);
-                        }
-                        Err(_) => {}
-                    }
-                }
-                landed
-            })
-        }
-    });
-    // The old writer is under way before the takeover.
-    while s.kv_get("svc", "x").await.unwrap().is_none() {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    assert!(s.compare_and_delete("k", "a").await.unwrap());
-    let t2 = s.insert_if_absent("k", "b", B::TTL).await.unwrap().unwrap();
-    let new = Fence {
-        lease_key: "k",
-        term: t2,
-    };
-    // The new leader writes and reads back until the old writer has raced it for a while
-    // (at least 40 writes, and until a stale write of it was refused).
-    let racing = std::time::Instant::now();
-    for j in 0u64.. {
-        if j >= 40 && refused.load(Ordering::SeqCst) > 0 {
-            break;
-        }
-        assert!(
-            racing.elapsed() < Duration::from_secs(30),
-            "the old writer never ran after the takeover"
-        );
-        let value = format!("new {j}");
-        assert!(s.kv_set(&new, "svc", "x", value.as_bytes()).await.unwrap());
-        let read = s.kv_get("svc", "x").await.unwrap().unwrap();
-        assert_eq!(
-            String::from_utf8(read).unwrap(),
-            value,
-            "a stale write landed after the new term's"
-        );
-        if j >= 40 {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    }
-    stop.store(true, Ordering::SeqCst);
-    let landed = tokio::task::spawn_blocking(move || old_writer.join().unwrap())
-        .await
-        .unwrap();
-    assert!(landed > 0, "the old writer wrote before the takeover");
 }
 
 pub(crate) async fn wait_released_wakes_on_delete<B: Backend>(b: &mut B) {

@@ -13,6 +13,8 @@
 //!   and this mod revision: a later insert creates the record anew, past both.
 //! - `P kv/<space>/<key>`: the guests' fenced key-value space (no lease). `/` and `%` in a
 //!   space name are percent-escaped, so spaces cannot overlap.
+//! - `P kvusage/<space>`: a namespace's usage, `"<keys> <bytes>"`, kept by every fenced write
+//!   (see `etcd/kv.rs`).
 //!
 //! Time, as etcd counts it:
 //! - etcd leases last whole seconds: a TTL is rounded *up* to whole seconds, at least 1 s.
@@ -24,6 +26,7 @@
 //! - etcd reports a lease's remaining time in whole seconds, truncated; [`TtlStore::get`]
 //!   reports that plus one second, capped at the granted TTL: an upper bound on time left.
 
+mod kv;
 mod options;
 #[cfg(test)]
 mod tests;
@@ -42,8 +45,7 @@ use tonic::Code;
 
 pub use options::{EtcdOptions, EtcdTls, EtcdUrlError};
 
-use super::kv::{KvDone, KvOp, KvPage, KvQuota, KvRefusal, KvUsage};
-use super::{Candidates, Fence, FencedKv, HandOver, Record, StoreError, Term, TtlStore};
+use super::{Candidates, HandOver, Record, StoreError, Term, TtlStore};
 
 /// The store contract on an etcd cluster. Cheap to share behind an `Arc`; every call is one
 /// or a few requests, each bounded by [`EtcdOptions::request_timeout`].
@@ -139,7 +141,9 @@ impl EtcdStore {
     }
 
     fn kv(&self) -> KvClient {
-        self.client.kv_client()
+        self.client
+            .kv_client()
+            .max_decoding_message_size(kv::MAX_RESPONSE_BYTES)
     }
 
     fn leases(&self) -> LeaseClient {
@@ -152,11 +156,6 @@ impl EtcdStore {
 
     fn term_key(&self, key: &str) -> String {
         format!("{}term/{key}", self.prefix)
-    }
-
-    fn kv_key(&self, space: &str, key: &str) -> String {
-        let space = space.replace('%', "%25").replace('/', "%2F");
-        format!("{}kv/{space}/{key}", self.prefix)
     }
 
     /// Runs one request within the request timeout and maps its error.
@@ -836,53 +835,6 @@ impl EtcdStore {
                 }
             }
         }
-    }
-}
-
-#[async_trait]
-impl FencedKv for EtcdStore {
-    async fn kv_get(&self, space: &str, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        let mut response = self
-            .call("kv_get", key, || self.get_request(self.kv_key(space, key)))
-            .await?;
-        self.saw(response.header());
-        Ok(response
-            .take_kvs()
-            .into_iter()
-            .next()
-            .map(|kv| kv.into_key_value().1))
-    }
-
-    async fn kv_get_many(
-        &self,
-        _space: &str,
-        _keys: &[&str],
-    ) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
-        Err(StoreError::permanent("etcd kv_get_many", "not yet built"))
-    }
-
-    async fn kv_list(
-        &self,
-        _space: &str,
-        _prefix: &str,
-        _after: Option<&str>,
-        _limit: usize,
-    ) -> Result<KvPage, StoreError> {
-        Err(StoreError::permanent("etcd kv_list", "not yet built"))
-    }
-
-    async fn kv_usage(&self, _space: &str) -> Result<KvUsage, StoreError> {
-        Err(StoreError::permanent("etcd kv_usage", "not yet built"))
-    }
-
-    async fn kv_apply(
-        &self,
-        _fence: &Fence<'_>,
-        _space: &str,
-        _op: &KvOp<'_>,
-        _quota: &KvQuota,
-    ) -> Result<Result<KvDone, KvRefusal>, StoreError> {
-        Err(StoreError::permanent("etcd kv_apply", "not yet built"))
     }
 }
 

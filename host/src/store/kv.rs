@@ -8,6 +8,7 @@
 //! scan.
 
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 
 /// The most keys one write or read of many keys may touch: etcd takes at most 128
 /// operations in a transaction, and a fenced batch needs a few for the fence and the usage.
@@ -202,13 +203,9 @@ pub struct KvPlan {
 ///
 /// # Errors
 /// The refusal, other than a stale term (the backend's fence decides that first).
-#[expect(
-    clippy::implicit_hasher,
-    reason = "every backend collects the map it reads; a hasher parameter would need naming"
-)]
-pub fn plan(
+pub fn plan<S: BuildHasher>(
     op: &KvOp<'_>,
-    old: &HashMap<&str, Option<&[u8]>>,
+    old: &HashMap<&str, Option<&[u8]>, S>,
     usage: KvUsage,
     quota: &KvQuota,
 ) -> Result<KvPlan, KvRefusal> {

@@ -295,7 +295,7 @@ impl FencedKv for MemStore {
         }
         let data = state.kv.entry(space.to_owned()).or_default();
         let usage = KvUsage::of(data.iter().map(|(k, v)| (k.as_str(), v.as_slice())));
-        let old = op
+        let old: HashMap<&str, Option<&[u8]>> = op
             .keys()
             .map(|k| (k, data.get(k).map(Vec::as_slice)))
             .collect();

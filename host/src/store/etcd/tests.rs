@@ -9,6 +9,7 @@ use testkit::etcd::{EtcdServer, ServerTls, free_ports};
 use super::*;
 use crate::clock::ManualClock;
 use crate::store::conformance::{self, Backend, SetOne};
+use crate::store::{Fence, FencedKv};
 
 /// One etcd per test case; every open connects a new client to it.
 struct Etcd {
@@ -504,4 +505,162 @@ async fn a_delayed_swap_cannot_move_the_record_back_onto_an_older_lease() {
         retried,
         "the record is on the retry's lease"
     );
+}
+
+/// A fenced write of one key under the lease `k`, which it takes.
+async fn leased(s: &EtcdStore) -> crate::store::Term {
+    s.insert_if_absent("k", "a", Duration::from_mins(1))
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+/// A namespace written before usage was kept (keys under `kv/`, no usage key): its usage is
+/// counted from its keys, the first fenced write records it, and an unreadable usage key is
+/// counted again.
+#[tokio::test]
+async fn usage_of_data_written_before_usage_was_kept_is_counted() {
+    use crate::store::{KvOp, KvQuota, KvRefusal, KvUsage, KvWrite};
+    let Some(etcd) = Etcd::start() else { return };
+    let s = etcd.store().await;
+    let mut raw = etcd.raw().await;
+    raw.put("vvm/kv/svc/a", "123", None).await.unwrap();
+    raw.put("vvm/kv/svc/bb", "", None).await.unwrap();
+    raw.put("vvm/kv/svc2/z", "zz", None).await.unwrap();
+    assert_eq!(
+        s.kv_usage("svc").await.unwrap(),
+        KvUsage { keys: 2, bytes: 6 }
+    );
+    let fence = Fence {
+        lease_key: "k",
+        term: leased(&s).await,
+    };
+    let quota = KvQuota {
+        max_keys: 3,
+        max_bytes: u64::MAX,
+    };
+    let set = |key, value: &'static [u8]| {
+        let s = &s;
+        async move {
+            let writes = [KvWrite::Set { key, value }];
+            s.kv_apply(&fence, "svc", &KvOp::Batch(&writes), &quota)
+                .await
+                .unwrap()
+        }
+    };
+    assert!(set("c", b"1").await.is_ok());
+    assert_eq!(
+        set("d", b"1").await,
+        Err(KvRefusal::TooManyKeys { limit: 3 })
+    );
+    let usage_key = |raw: &mut Client| {
+        let mut raw = raw.clone();
+        async move {
+            let got = raw.get("vvm/kvusage/svc", None).await.unwrap();
+            got.kvs().first().map(|kv| kv.value().to_vec())
+        }
+    };
+    assert_eq!(usage_key(&mut raw).await.as_deref(), Some(&b"3 8"[..]));
+    // An unreadable usage key is counted again, and rewritten by the next write.
+    raw.put("vvm/kvusage/svc", "garbage", None).await.unwrap();
+    assert_eq!(
+        s.kv_usage("svc").await.unwrap(),
+        KvUsage { keys: 3, bytes: 8 }
+    );
+    assert_eq!(
+        set("d", b"1").await,
+        Err(KvRefusal::TooManyKeys { limit: 3 })
+    );
+    assert!(set("c", b"22").await.is_ok(), "an overwrite");
+    assert_eq!(usage_key(&mut raw).await.as_deref(), Some(&b"3 9"[..]));
+    // Emptied, the namespace keeps its usage key at zero (see `etcd/kv.rs`).
+    let empty = [
+        KvWrite::Delete { key: "a" },
+        KvWrite::Delete { key: "bb" },
+        KvWrite::Delete { key: "c" },
+    ];
+    assert!(
+        s.kv_apply(&fence, "svc", &KvOp::Batch(&empty), &quota)
+            .await
+            .unwrap()
+            .is_ok()
+    );
+    assert_eq!(usage_key(&mut raw).await.as_deref(), Some(&b"0 0"[..]));
+    assert_eq!(s.kv_usage("svc").await.unwrap(), KvUsage::default());
+    assert_eq!(
+        s.kv_usage("svc2").await.unwrap(),
+        KvUsage { keys: 1, bytes: 3 }
+    );
+}
+
+/// A 1 MiB value goes through (etcd takes requests up to 1.5 MiB by default; the client
+/// takes responses past its default 4 MiB), and so does a read of 100 such values at once.
+#[tokio::test]
+async fn a_mebibyte_value_and_a_read_of_a_hundred_of_them_go_through() {
+    use crate::store::{KvOp, KvQuota, KvUsage, KvWrite, MAX_BATCH};
+    let Some(etcd) = Etcd::start() else { return };
+    let s = etcd.store().await;
+    let fence = Fence {
+        lease_key: "k",
+        term: leased(&s).await,
+    };
+    let names: Vec<String> = (0..MAX_BATCH).map(|i| format!("big{i:03}")).collect();
+    let values: Vec<Vec<u8>> = (0..MAX_BATCH)
+        .map(|i| vec![u8::try_from(i).unwrap(); 1 << 20])
+        .collect();
+    for (key, value) in names.iter().zip(&values) {
+        let op = KvOp::Batch(&[KvWrite::Set { key, value }]);
+        let done = s.kv_apply(&fence, "svc", &op, &KvQuota::UNLIMITED).await;
+        assert!(matches!(done, Ok(Ok(_))), "{key}: {done:?}");
+    }
+    assert_eq!(
+        s.kv_get("svc", &names[7]).await.unwrap().as_deref(),
+        Some(values[7].as_slice())
+    );
+    let keys: Vec<&str> = names.iter().map(String::as_str).collect();
+    let got = s.kv_get_many("svc", &keys).await.unwrap();
+    assert!(
+        got.iter()
+            .zip(&values)
+            .all(|(g, v)| g.as_deref() == Some(v.as_slice()))
+    );
+    assert_eq!(
+        s.kv_usage("svc").await.unwrap(),
+        KvUsage::of(keys.iter().zip(&values).map(|(k, v)| (*k, v.as_slice())))
+    );
+    // A delete of all of them reads them all first (for the usage).
+    let dels: Vec<KvWrite<'_>> = keys.iter().map(|key| KvWrite::Delete { key }).collect();
+    let done = s
+        .kv_apply(&fence, "svc", &KvOp::Batch(&dels), &KvQuota::UNLIMITED)
+        .await;
+    assert!(matches!(done, Ok(Ok(_))), "{done:?}");
+    assert_eq!(s.kv_usage("svc").await.unwrap(), KvUsage::default());
+}
+
+/// More distinct keys than one etcd transaction takes: a permanent error naming the limit,
+/// and nothing written.
+#[tokio::test]
+async fn a_write_of_more_keys_than_a_transaction_takes_is_refused() {
+    use crate::store::{KvOp, KvQuota, KvWrite, MAX_BATCH};
+    let Some(etcd) = Etcd::start() else { return };
+    let s = etcd.store().await;
+    let fence = Fence {
+        lease_key: "k",
+        term: leased(&s).await,
+    };
+    let names: Vec<String> = (0..=MAX_BATCH).map(|i| format!("k{i}")).collect();
+    let sets: Vec<KvWrite<'_>> = names
+        .iter()
+        .map(|key| KvWrite::Set { key, value: b"1" })
+        .collect();
+    let e = s
+        .kv_apply(&fence, "svc", &KvOp::Batch(&sets), &KvQuota::UNLIMITED)
+        .await
+        .unwrap_err();
+    assert!(!e.is_transient(), "{e}");
+    assert!(
+        e.to_string().contains(&format!("at most {MAX_BATCH}")),
+        "{e}"
+    );
+    assert_eq!(s.kv_get("svc", "k0").await.unwrap(), None);
 }

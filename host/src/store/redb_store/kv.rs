@@ -79,7 +79,8 @@ fn apply(
         let value = kv.get((space, key))?.map(|v| v.value().to_vec());
         stored.insert(key, value);
     }
-    let old = stored.iter().map(|(k, v)| (*k, v.as_deref())).collect();
+    let old: HashMap<&str, Option<&[u8]>> =
+        stored.iter().map(|(k, v)| (*k, v.as_deref())).collect();
     let plan = match kv::plan(op, &old, usage, quota) {
         Ok(plan) => plan,
         Err(refusal) => return Ok(Err(refusal)),

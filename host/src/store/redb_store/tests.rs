@@ -765,3 +765,69 @@ async fn a_file_replaced_under_the_store_is_noticed() {
     assert!(!e.is_transient(), "{e}");
     assert!(e.to_string().contains("another file"), "{e}");
 }
+
+/// A namespace written before usage was kept (its keys in the `kv` table, no usage record):
+/// its usage is counted from its keys, and the first fenced write records it.
+#[tokio::test]
+async fn usage_of_data_written_before_usage_was_kept_is_counted() {
+    use super::schema::{KV, KV_USAGE};
+    use crate::store::{FencedKv, KvOp, KvQuota, KvRefusal, KvUsage, KvWrite};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let store = RedbStore::open_with_clock(&path, Arc::new(ManualClock::default()))
+        .await
+        .unwrap();
+    // Another handle on the file, as a host of an earlier version.
+    let raw = Builder::new()
+        .set_concurrency_mode(ConcurrencyMode::MultiWriter)
+        .open(&path)
+        .unwrap();
+    let txn = raw.begin_write().unwrap();
+    {
+        let mut kv = txn.open_table(KV).unwrap();
+        kv.insert(("svc", "a"), &b"123"[..]).unwrap();
+        kv.insert(("svc", "bb"), &b""[..]).unwrap();
+        kv.insert(("svc2", "z"), &b"zz"[..]).unwrap();
+    }
+    txn.commit().unwrap();
+    let recorded = |raw: &redb::Database| {
+        let txn = raw.begin_read().unwrap();
+        let usages = txn.open_table(KV_USAGE).unwrap();
+        usages.get("svc").unwrap().map(|u| u.value())
+    };
+    assert_eq!(recorded(&raw), None);
+    assert_eq!(
+        store.kv_usage("svc").await.unwrap(),
+        KvUsage { keys: 2, bytes: 6 }
+    );
+    let term = store
+        .insert_if_absent("k", "a", TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    let fence = Fence {
+        lease_key: "k",
+        term,
+    };
+    let quota = KvQuota {
+        max_keys: 3,
+        max_bytes: u64::MAX,
+    };
+    let set = |key| {
+        let store = &store;
+        async move {
+            let writes = [KvWrite::Set { key, value: b"1" }];
+            store
+                .kv_apply(&fence, "svc", &KvOp::Batch(&writes), &quota)
+                .await
+                .unwrap()
+        }
+    };
+    assert!(set("c").await.is_ok());
+    assert_eq!(recorded(&raw), Some((3, 8)));
+    assert_eq!(set("d").await, Err(KvRefusal::TooManyKeys { limit: 3 }));
+    assert_eq!(
+        store.kv_usage("svc2").await.unwrap(),
+        KvUsage { keys: 1, bytes: 3 }
+    );
+}
