@@ -573,7 +573,10 @@ async fn a_write_under_an_older_term_is_rejected() {
     let reason = failed(&l, "stale-counter", 1).await.reason.unwrap();
     assert!(reason.contains("stale term"), "{reason}");
     assert_eq!(kv(&l.store, "stale-counter", "count").await, None);
-    assert_eq!(logs::count("stale-counter", "set failed: stale term"), 1);
+    assert_eq!(
+        logs::count("stale-counter", "increment failed: stale term"),
+        1
+    );
     running.stop().await;
 }
 

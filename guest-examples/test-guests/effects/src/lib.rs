@@ -6,11 +6,11 @@
 //! `EFFECT` names the effect (see [`prepare`]); the granted directory is `/data`, holding a
 //! file `existing` and an empty directory `emptydir`; sockets use `EFFECT_ADDR` (`ip:port`).
 
+use vvm_guest::wasi::clocks::wall_clock::Datetime;
 use vvm_guest::wasi::filesystem::preopens;
 use vvm_guest::wasi::filesystem::types::{
     Descriptor, DescriptorFlags, NewTimestamp, OpenFlags, PathFlags,
 };
-use vvm_guest::wasi::clocks::wall_clock::Datetime;
 use vvm_guest::wasi::sockets::network::{
     ErrorCode, IpAddressFamily, IpSocketAddress, Ipv4SocketAddress,
 };

@@ -87,6 +87,8 @@ struct Snapshot {
     usage_revision: i64,
     /// The usage it holds; `None` if absent or unreadable (then scanned).
     usage: Option<KvUsage>,
+    /// The mark of the write that left the usage key so ([`write_mark`]).
+    usage_mark: Option<u64>,
     /// Each touched key, once, with its mod revision (0: absent) and value.
     keys: Vec<(String, i64, Option<Vec<u8>>)>,
 }
@@ -109,13 +111,28 @@ fn range_end(prefix: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
-/// A usage value, `"<keys> <bytes>"`.
-fn parse_usage(value: &[u8]) -> Option<KvUsage> {
-    let (keys, bytes) = std::str::from_utf8(value).ok()?.split_once(' ')?;
-    Some(KvUsage {
-        keys: keys.parse().ok()?,
-        bytes: bytes.parse().ok()?,
-    })
+/// A usage value, `"<keys> <bytes>[ <mark in hex>]"`: the usage, and the mark of the write
+/// that made it, if any.
+fn parse_usage(value: &[u8]) -> Option<(KvUsage, Option<u64>)> {
+    let mut fields = std::str::from_utf8(value).ok()?.split(' ');
+    let usage = KvUsage {
+        keys: fields.next()?.parse().ok()?,
+        bytes: fields.next()?.parse().ok()?,
+    };
+    let mark = fields.next().and_then(|m| u64::from_str_radix(m, 16).ok());
+    Some((usage, mark))
+}
+
+/// A mark for one `kv_apply`'s writes, written with the usage: random, so that a write whose
+/// answer was lost and whose request the client sent again (its compares then fail against
+/// the write's own revisions) is known for the caller's own, rather than planned and applied
+/// a second time (an increment counted twice).
+fn write_mark() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    // Each `RandomState` has fresh keys (seeded from the OS, then stepped per state).
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(0);
+    hasher.finish()
 }
 
 /// The bytes a key-value adds to its namespace's usage, its key less the namespace's prefix.
@@ -187,6 +204,7 @@ impl EtcdStore {
             }
             parsed
         });
+        let (usage, usage_mark) = (usage.map(|(u, _)| u), usage.and_then(|(_, m)| m));
         let mut read = Vec::with_capacity(keys.len());
         for key in keys {
             let kv = next()?;
@@ -201,6 +219,7 @@ impl EtcdStore {
             fence,
             usage_revision,
             usage,
+            usage_mark,
             keys: read,
         })
     }
@@ -254,7 +273,7 @@ impl EtcdStore {
         space: &str,
         read: &Snapshot,
         changes: Vec<(String, Option<Vec<u8>>)>,
-        usage: KvUsage,
+        (usage, mark): (KvUsage, u64),
     ) -> Txn {
         let mut compares = vec![
             Compare::create_revision(self.record_key(fence.lease_key), CompareOp::Equal, created),
@@ -271,7 +290,7 @@ impl EtcdStore {
                 None => TxnOp::delete(self.kv_key(space, &key), None),
             })
             .collect();
-        let figures = format!("{} {}", usage.keys, usage.bytes);
+        let figures = format!("{} {} {mark:016x}", usage.keys, usage.bytes);
         writes.push(TxnOp::put(self.usage_key(space), figures, None));
         Txn::new().when(compares).and_then(writes)
     }
@@ -387,7 +406,7 @@ impl FencedKv for EtcdStore {
         match response
             .take_kvs()
             .first()
-            .map(|kv| parse_usage(kv.value()))
+            .map(|kv| parse_usage(kv.value()).map(|(usage, _)| usage))
         {
             Some(Some(usage)) => Ok(usage),
             _ => self.scan_usage(space).await,
@@ -420,6 +439,7 @@ impl FencedKv for EtcdStore {
             .txn(OP, space, Txn::new().and_then(reads.clone()))
             .await?;
         let mut read = self.snapshot(space, term, &keys, response.op_responses())?;
+        let mark = write_mark();
         for _ in 0..ATTEMPTS {
             let Some((created, handed)) = read.fence else {
                 return Ok(Err(KvRefusal::StaleTerm));
@@ -441,14 +461,79 @@ impl FencedKv for EtcdStore {
                 return Ok(Ok(plan.done));
             }
             let fenced = (fence, created, handed);
-            let write = self.write_txn(fenced, space, &read, plan.changes, plan.usage);
+            let write = self.write_txn(fenced, space, &read, plan.changes, (plan.usage, mark));
             let response = self.txn(OP, space, write.or_else(reads.clone())).await?;
             if response.succeeded() {
                 return Ok(Ok(plan.done));
             }
             read = self.snapshot(space, term, &keys, response.op_responses())?;
+            if read.usage_mark == Some(mark) {
+                // This very write landed; its answer was lost and the request sent again.
+                return Ok(Ok(plan.done));
+            }
         }
         let fault = KvFault::Contended(ATTEMPTS);
         Err(StoreError::transient(self.kv_context(OP, space), fault))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::store::TtlStore;
+    use crate::store::etcd::tests::Etcd;
+
+    /// A fenced write whose answer was lost and whose request was sent again: the second send
+    /// fails its compares against the first's own revisions, and the usage key it reads back
+    /// carries this write's mark, so `kv_apply` answers it as done instead of applying the
+    /// plan again.
+    #[tokio::test]
+    async fn a_write_sent_again_after_it_landed_is_known_for_its_own() {
+        let Some(etcd) = Etcd::start() else { return };
+        let s = etcd.store().await;
+        let term = s
+            .insert_if_absent("k", "a", Duration::from_mins(1))
+            .await
+            .unwrap()
+            .unwrap();
+        let fence = Fence {
+            lease_key: "k",
+            term,
+        };
+        let term = i64::try_from(term).unwrap();
+        let keys = ["n"];
+        let reads = s.read_ops("k", "svc", &keys);
+        let response = s.txn("t", "svc", Txn::new().and_then(reads.clone()));
+        let response = response.await.unwrap();
+        let read = s
+            .snapshot("svc", term, &keys, response.op_responses())
+            .unwrap();
+        let (created, handed) = read.fence.unwrap();
+        let op = KvOp::Increment { key: "n", delta: 1 };
+        let old = HashMap::from([("n", None)]);
+        let plan = kv::plan(&op, &old, KvUsage::default(), &KvQuota::UNLIMITED).unwrap();
+        let mark = write_mark();
+        assert_ne!(mark, write_mark(), "each write has its own mark");
+        let write = || {
+            let changes = plan.changes.clone();
+            s.write_txn(
+                (&fence, created, handed),
+                "svc",
+                &read,
+                changes,
+                (plan.usage, mark),
+            )
+            .or_else(reads.clone())
+        };
+        assert!(s.txn("t", "svc", write()).await.unwrap().succeeded());
+        let again = s.txn("t", "svc", write()).await.unwrap();
+        assert!(!again.succeeded());
+        let after = s
+            .snapshot("svc", term, &keys, again.op_responses())
+            .unwrap();
+        assert_eq!(after.usage_mark, Some(mark));
+        assert_eq!(s.kv_get("svc", "n").await.unwrap(), Some(b"1".to_vec()));
     }
 }

@@ -12,12 +12,12 @@ use crate::store::conformance::{self, Backend, SetOne};
 use crate::store::{Fence, FencedKv};
 
 /// One etcd per test case; every open connects a new client to it.
-struct Etcd {
+pub(super) struct Etcd {
     server: EtcdServer,
 }
 
 impl Etcd {
-    fn start() -> Option<Self> {
+    pub(super) fn start() -> Option<Self> {
         EtcdServer::start().map(|server| Self { server })
     }
 
@@ -28,7 +28,7 @@ impl Etcd {
         }
     }
 
-    async fn store(&self) -> EtcdStore {
+    pub(super) async fn store(&self) -> EtcdStore {
         EtcdStore::connect(self.options()).await.unwrap()
     }
 
