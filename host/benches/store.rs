@@ -2,7 +2,8 @@
 //! process alone and with a second process writing the same file; then how soon a waiter
 //! learns of a release committed by another process; then the guests' fenced key-value writes
 //! (`kv_apply` set / increment / swap) per second on redb and on a loopback etcd (if `etcd` is
-//! on PATH), each beside its store's raw write of one key in the same run.
+//! on PATH), each beside its store's raw write of one key in the same run, and the same calls
+//! made by a guest through `wasi:keyvalue` (get, set, increment, cas), timed in the guest.
 //!
 //! Run with `cargo bench -p vvm-host --bench store`. The file lives in `$VVM_BENCH_DIR`, else
 //! the system temp directory: its filesystem decides the cost of `fsync`.
@@ -15,8 +16,17 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio_util::sync::CancellationToken;
+use vvm_host::clock::{Clock, SystemClock};
+use vvm_host::config::KvLimitsConfig;
+use vvm_host::lease::LeaseDeadline;
+use vvm_host::ops::Ops;
+use vvm_host::problem::ProblemReporter;
+use vvm_host::runtime::{Grants, RuntimeConfig, WasmServices};
+use vvm_host::services::{LeaseInfo, ServiceContext, Services};
 use vvm_host::store::{
     EtcdOptions, EtcdStore, Fence, KvDone, KvOp, KvQuota, KvWrite, RedbStore, Store, TtlStore,
 };
@@ -50,7 +60,7 @@ async fn bench() {
     let base = std::env::var_os("VVM_BENCH_DIR").map_or_else(std::env::temp_dir, PathBuf::from);
     let dir = tempfile::tempdir_in(&base).expect("temp dir");
     let path = dir.path().join("bench.redb");
-    let store = RedbStore::open(&path).await.expect("open store");
+    let store = Arc::new(RedbStore::open(&path).await.expect("open store"));
 
     println!(
         "redb store latency, {OPS} operations each, file in {}",
@@ -74,7 +84,7 @@ async fn bench() {
         "store", "write", "ops/s", "ratio"
     );
     let raw = raw_redb_writes(&dir.path().join("raw.redb"));
-    kv_rows("redb", &store, raw).await;
+    kv_rows("redb", store.clone(), raw).await;
     if let Some(server) = testkit::etcd::EtcdServer::start() {
         let options = EtcdOptions {
             endpoints: vec![server.endpoint()],
@@ -82,12 +92,14 @@ async fn bench() {
         };
         let etcd = EtcdStore::connect(options).await.expect("connect to etcd");
         let raw = raw_etcd_puts(&server.endpoint()).await;
-        kv_rows("etcd", &etcd, raw).await;
+        kv_rows("etcd", Arc::new(etcd), raw).await;
     }
 }
 
-/// Prints the fenced writes' rows of `store`, after its raw write's (`raw` per second).
-async fn kv_rows(name: &str, store: &dyn Store, raw: f64) {
+/// Prints the fenced writes' rows of `store`, after its raw write's (`raw` per second), then
+/// the guest's.
+async fn kv_rows(name: &str, shared: Arc<dyn Store>, raw: f64) {
+    let store = &*shared;
     let term = store
         .insert_if_absent("kv-bench", "me", TTL.min(Duration::from_mins(10)))
         .await
@@ -144,6 +156,62 @@ async fn kv_rows(name: &str, store: &dyn Store, raw: f64) {
     })
     .await;
     print("kv_apply swap", swap);
+    for (op, per_second) in guest_calls(Arc::clone(&shared), term).await {
+        print(&format!("guest {op}"), per_second);
+    }
+}
+
+/// Runs the `kv-bench` guest on `store` under the lease `kv-bench` at `term`: its calls per
+/// second of get, set, increment and cas, as it timed them.
+async fn guest_calls(store: Arc<dyn Store>, term: u64) -> Vec<(&'static str, f64)> {
+    let services = tempfile::tempdir().expect("services dir");
+    testkit::guests::install(services.path(), &[("test/kv-bench", "kv-bench")]);
+    let mut config = RuntimeConfig::new(services.path());
+    let grants = Grants {
+        env: vec![("KV_OPS".to_owned(), KV_OPS.to_string())],
+        kv: KvLimitsConfig {
+            writes_per_second: Some(100_000),
+            ..KvLimitsConfig::default()
+        },
+        ..Grants::default()
+    };
+    config.grants.insert("kv-bench".to_owned(), grants);
+    let clock = Arc::new(SystemClock::local());
+    let (wasm, errors) = WasmServices::load(config, Ops::new(clock.clone())).expect("load");
+    assert!(errors.is_empty(), "{errors:?}");
+    let at = clock.now().after(Duration::from_mins(10));
+    let context = ServiceContext {
+        lease: LeaseInfo {
+            slot: 1,
+            key: "kv-bench".into(),
+            holder: "me".into(),
+            term,
+            lease: Duration::from_mins(10),
+        },
+        deadline: LeaseDeadline::fixed(clock, at),
+        stopping: CancellationToken::new(),
+        problems: ProblemReporter::default(),
+        store: Arc::clone(&store),
+        running: vvm_host::lease_value::RunningReport::detached(),
+    };
+    let running = wasm.start(context).await.expect("start");
+    let mut rows = Vec::new();
+    for op in ["get", "set", "increment", "cas"] {
+        let key = format!("result/{op}");
+        // The guest writes its results last: wait for each (a benchmark may poll).
+        let nanos = loop {
+            if let Some(v) = store.kv_get("kv-bench", &key).await.expect("kv_get") {
+                break String::from_utf8(v)
+                    .expect("text")
+                    .parse::<f64>()
+                    .expect("ns");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        rows.push((op, f64::from(KV_OPS) / (nanos / 1e9)));
+    }
+    running.stop().await;
+    rows
 }
 
 /// One fenced write, which must land.
