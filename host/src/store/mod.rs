@@ -1,11 +1,14 @@
 //! The TTL store contract (SPEC §3): lease records with a term and a store-side expiry.
 //!
 //! Every backend ([`MemStore`], [`RedbStore`], [`EtcdStore`]) implements [`TtlStore`] and
-//! [`FencedKv`]; one conformance suite (`conformance.rs`) runs against each of them.
+//! [`FencedKv`]; one conformance suite (`conformance.rs`) runs against each of them. Tests
+//! put `faulty::FaultyStore` (feature `testing`) in front of a [`MemStore`] to inject faults.
 
 #[cfg(test)]
 pub(crate) mod conformance;
 mod etcd;
+#[cfg(any(test, feature = "testing"))]
+pub mod faulty;
 pub mod kv;
 mod mem;
 mod redb_store;

@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::time::{Instant, sleep};
 use vvm_host::clock::TokioClock;
 use vvm_host::holder::crash_lock::HolderLockDir;
+use vvm_host::keys::CANDIDATE_PREFIX;
 use vvm_host::killer::{KILLER_EXIT_CODE, Killer};
 use vvm_host::problem::{Problem, ProblemReporter};
 use vvm_host::store::{MemStore, StoreError, TtlStore};
@@ -411,7 +412,7 @@ async fn a_campaign_that_wins_at_once_leaves_no_candidacy_behind() {
     let journal = Journal::default();
     let h = launch(&mem, &journal, "a");
     // Before the launcher's first step: the paused runtime has not run it yet.
-    h.store.delay_candidacies(L / 20);
+    h.store.land_late(Op::Insert, CANDIDATE_PREFIX, L / 20);
     leading(&h).await;
     sleep(L).await;
     let candidacy = format!("{}a", vvm_host::keys::CANDIDATE_PREFIX);

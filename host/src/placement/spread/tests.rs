@@ -518,141 +518,6 @@ async fn a_start_that_never_ends_is_given_up_and_renewals_go_on() {
     g.check();
 }
 
-/// The host's store, whose deletes of claims land `delay` late: the write is on its way
-/// when the caller stops waiting for it (a timeout), as a write to a slow disk or a busy etcd.
-struct LateDeletes {
-    inner: MemStore,
-    delay: Duration,
-}
-
-#[async_trait]
-impl TtlStore for LateDeletes {
-    async fn insert_if_absent(
-        &self,
-        key: &str,
-        value: &str,
-        ttl: Duration,
-    ) -> Result<Option<crate::store::Term>, crate::store::StoreError> {
-        self.inner.insert_if_absent(key, value, ttl).await
-    }
-
-    async fn compare_and_swap(
-        &self,
-        key: &str,
-        expected: &str,
-        new: &str,
-        ttl: Duration,
-    ) -> Result<bool, crate::store::StoreError> {
-        self.inner.compare_and_swap(key, expected, new, ttl).await
-    }
-
-    async fn compare_and_delete(
-        &self,
-        key: &str,
-        expected: &str,
-    ) -> Result<bool, crate::store::StoreError> {
-        if !key.starts_with(SERVICE_PREFIX) {
-            return self.inner.compare_and_delete(key, expected).await;
-        }
-        let (inner, delay) = (self.inner.clone(), self.delay);
-        let (key, expected) = (key.to_owned(), expected.to_owned());
-        tokio::spawn(async move {
-            tokio::time::sleep(delay).await;
-            inner.compare_and_delete(&key, &expected).await
-        })
-        .await
-        .unwrap()
-    }
-
-    async fn hand_over(
-        &self,
-        key: &str,
-        expected: &str,
-        candidates: &crate::store::Candidates,
-        ttl: Duration,
-    ) -> Result<crate::store::HandOver, crate::store::StoreError> {
-        self.inner.hand_over(key, expected, candidates, ttl).await
-    }
-
-    fn candidacy_ttl(&self, lease: Duration) -> Duration {
-        self.inner.candidacy_ttl(lease)
-    }
-
-    async fn get(
-        &self,
-        key: &str,
-    ) -> Result<Option<crate::store::Record>, crate::store::StoreError> {
-        self.inner.get(key).await
-    }
-
-    async fn list(
-        &self,
-        prefix: &str,
-    ) -> Result<Vec<(String, crate::store::Record)>, crate::store::StoreError> {
-        self.inner.list(prefix).await
-    }
-
-    async fn renew_all(
-        &self,
-        prefixes: &[&str],
-        holder: &str,
-        ttl: Duration,
-    ) -> Result<Vec<(String, crate::store::Term)>, crate::store::StoreError> {
-        self.inner.renew_all(prefixes, holder, ttl).await
-    }
-
-    async fn wait_released(&self, max: Duration) {
-        self.inner.wait_released(max).await;
-    }
-}
-
-#[async_trait]
-impl crate::store::FencedKv for LateDeletes {
-    async fn kv_get(
-        &self,
-        space: &str,
-        key: &str,
-    ) -> Result<Option<Vec<u8>>, crate::store::StoreError> {
-        self.inner.kv_get(space, key).await
-    }
-
-    async fn kv_get_many(
-        &self,
-        space: &str,
-        keys: &[&str],
-    ) -> Result<Vec<Option<Vec<u8>>>, crate::store::StoreError> {
-        self.inner.kv_get_many(space, keys).await
-    }
-
-    async fn kv_list(
-        &self,
-        space: &str,
-        prefix: &str,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<crate::store::KvPage, crate::store::StoreError> {
-        self.inner.kv_list(space, prefix, after, limit).await
-    }
-
-    async fn kv_usage(
-        &self,
-        space: &str,
-    ) -> Result<crate::store::KvUsage, crate::store::StoreError> {
-        self.inner.kv_usage(space).await
-    }
-
-    async fn kv_apply(
-        &self,
-        fence: &crate::store::Fence<'_>,
-        space: &str,
-        op: &crate::store::KvOp<'_>,
-        quota: &crate::store::KvQuota,
-    ) -> Result<Result<crate::store::KvDone, crate::store::KvRefusal>, crate::store::StoreError>
-    {
-        self.inner.kv_apply(fence, space, op, quota).await
-    }
-}
-
 /// A release that went unanswered may still land, and it deletes by our holder value: had
 /// this host claimed the service again meanwhile, the late delete would remove that new claim
 /// while its service runs here, and another host could claim and run it too. So a host does
@@ -660,10 +525,10 @@ impl crate::store::FencedKv for LateDeletes {
 #[tokio::test(start_paused = true)]
 async fn a_service_whose_release_went_unanswered_is_not_claimed_again_here_at_once() {
     let g = Group::new(2);
-    let late = Arc::new(LateDeletes {
-        inner: g.store.clone(),
-        delay: L / 2,
-    });
+    // The host's store, whose deletes of claims land late: the write is on its way when the
+    // caller stops waiting for it (a timeout), as a write to a slow disk or a busy etcd.
+    let late = crate::store::faulty::FaultyStore::new(g.store.clone(), "late", &());
+    late.land_late(crate::store::faulty::Op::Delete, SERVICE_PREFIX, L / 2);
     let a = g.join_on("a", late, None, None);
     tokio::time::sleep(L).await;
     assert_eq!(g.world.counts(), [2]);
