@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{
@@ -136,7 +137,7 @@ fn grants(name: &str, grant: &GrantConfig) -> Result<Grants, ConfigError> {
         network: grant.network,
         restart_backoff_max: grant.restart_backoff_max,
         on_failure: grant.on_failure,
-        kv_buckets: grant.kv_buckets.clone(),
+        kv_buckets: grant.kv_buckets.iter().cloned().collect(),
         kv: grant.kv,
         config: ServiceConfig::resolve(name, &grant.config)?,
     })
@@ -156,8 +157,9 @@ pub struct Grants {
     pub restart_backoff_max: Option<Duration>,
     /// What a failure does besides the restart.
     pub on_failure: OnFailure,
-    /// The shared key-value buckets it may open besides its own namespace.
-    pub kv_buckets: Vec<String>,
+    /// The shared key-value buckets it may open besides its own namespace (shared with each
+    /// instance, not copied).
+    pub kv_buckets: Arc<[String]>,
     /// Its key-value limits, where it sets its own ([`RuntimeConfig::kv`] otherwise).
     pub kv: KvLimitsConfig,
     /// What `wasi:config/store` gives it.
@@ -174,11 +176,23 @@ impl Grants {
 
 /// A service's configuration (`[service.NAME.config]`) with every value read: what
 /// `wasi:config/store` answers. Values read from the environment or a file are secrets, so
-/// `Debug` shows the keys only.
-#[derive(Clone, Default, PartialEq, Eq)]
+/// `Debug` shows the keys only. Made once per settings and shared by every instance (a clone
+/// is two reference counts), in the form each version's implementation reads.
+#[derive(Clone, Default)]
 pub struct ServiceConfig {
-    values: Vec<(String, String)>,
+    /// Sorted by key: `@0.2.0-draft`'s answers.
+    values: Arc<[(String, String)]>,
+    /// The same, as `wasmtime-wasi-config` (`@0.2.0-rc.1`) reads them.
+    variables: Arc<wasmtime_wasi_config::WasiConfigVariables>,
 }
+
+impl PartialEq for ServiceConfig {
+    fn eq(&self, other: &Self) -> bool {
+        self.values == other.values
+    }
+}
+
+impl Eq for ServiceConfig {}
 
 impl std::fmt::Debug for ServiceConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -232,7 +246,14 @@ impl ServiceConfig {
             };
             values.push((key.clone(), text));
         }
-        Ok(Self { values })
+        let variables = values
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        Ok(Self {
+            values: values.into(),
+            variables: Arc::new(variables),
+        })
     }
 
     /// The value of `key`, if it is set.
@@ -246,6 +267,11 @@ impl ServiceConfig {
     /// Every key and value, sorted by key.
     pub fn all(&self) -> &[(String, String)] {
         &self.values
+    }
+
+    /// The values as `wasmtime-wasi-config` reads them.
+    pub(crate) fn variables(&self) -> &wasmtime_wasi_config::WasiConfigVariables {
+        &self.variables
     }
 }
 

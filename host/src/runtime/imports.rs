@@ -56,7 +56,6 @@ pub(crate) fn new_store(
 ) -> wasmtime::Result<Store<Host>> {
     let mut table = ResourceTable::new();
     table.set_max_capacity(handle_cap);
-    let service_config = grants.map(|g| g.config.clone()).unwrap_or_default();
     let host = Host {
         env: Arc::clone(env),
         wasi: wasi_ctx(env, grants)?,
@@ -67,10 +66,11 @@ pub(crate) fn new_store(
             .build(),
         kv: KvAccess {
             limits: Grants::kv_limits(grants, config.kv),
-            buckets: grants.map(|g| g.kv_buckets.clone()).unwrap_or_default(),
+            buckets: grants
+                .map(|g| Arc::clone(&g.kv_buckets))
+                .unwrap_or_default(),
         },
-        config_vars: super::wasi_config::variables(&service_config),
-        config: service_config,
+        config: grants.map(|g| g.config.clone()).unwrap_or_default(),
     };
     let mut store = Store::new(engine, host);
     store.limiter(|h| &mut h.limits);

@@ -80,7 +80,7 @@ pub(crate) struct KvAccess {
     /// Its limits: its own table's over the host-wide ones.
     pub limits: KvLimits,
     /// The shared buckets it may open besides its own namespace.
-    pub buckets: Vec<String>,
+    pub buckets: Arc<[String]>,
 }
 
 /// A key-value bucket a guest opened (`wasi:keyvalue` `bucket`): a namespace of the store.
@@ -118,8 +118,6 @@ pub(crate) struct Host {
     pub(super) kv: KvAccess,
     /// What `wasi:config/store` answers.
     pub(super) config: ServiceConfig,
-    /// The same, as `wasmtime-wasi-config` (`@0.2.0-rc.1`) reads it.
-    pub(super) config_vars: wasmtime_wasi_config::WasiConfigVariables,
 }
 
 impl Host {
@@ -195,7 +193,6 @@ pub(crate) mod tests {
             limits: StoreLimits::default(),
             kv: access,
             config: ServiceConfig::default(),
-            config_vars: wasmtime_wasi_config::WasiConfigVariables::new(),
         }
     }
 }

@@ -5,10 +5,9 @@
 //! environment or a file, and has no effect to fence.
 
 use wasmtime::component::{HasSelf, Linker};
-use wasmtime_wasi_config::{WasiConfig, WasiConfigVariables};
+use wasmtime_wasi_config::WasiConfig;
 
 use super::bindings::service::wasi::config::store;
-use super::config::ServiceConfig;
 use super::state::Host;
 
 /// Adds both versions of `wasi:config/store` to `linker`.
@@ -17,16 +16,7 @@ use super::state::Host;
 /// When the linker already has them.
 pub(crate) fn add_to_linker(linker: &mut Linker<Host>) -> wasmtime::Result<()> {
     store::add_to_linker::<_, HasSelf<_>>(linker, |h| h)?;
-    wasmtime_wasi_config::add_to_linker(linker, |h| WasiConfig::from(&h.config_vars))
-}
-
-/// The values as `wasmtime-wasi-config` holds them.
-pub(crate) fn variables(config: &ServiceConfig) -> WasiConfigVariables {
-    config
-        .all()
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect()
+    wasmtime_wasi_config::add_to_linker(linker, |h| WasiConfig::from(h.config.variables()))
 }
 
 impl store::Host for Host {

@@ -1,7 +1,8 @@
 //! Guest key-value (SPEC §7, §10): the one implementation behind `wasi:keyvalue@0.2.0-draft2`
 //! (`draft2`), `@0.2.0-draft` (`draft`) and `vvm:host/kv` (`vvm`), over the same data.
 //!
-//! Each call goes through [`Host`]'s methods here, which own what the three interfaces share:
+//! Each call goes through [`Kv`] (borrowed from [`Host`] for the call), which owns what the
+//! three interfaces share:
 //! - **Buckets.** `open("")` and `open("default")` are the service's own namespace (its
 //!   name, as `vvm:host/kv` has always used); a named bucket is the namespace
 //!   `bucket/<name>`, shared by the services granted it (`kv-buckets`); any other name is
@@ -330,29 +331,25 @@ impl Kv<'_> {
     /// A store's refusal as the guest is told, counted.
     fn refused(&self, refusal: KvRefusal, key: &str) -> KvError {
         let env = &self.env;
-        let limited = |limit: KvLimit, what: String, max: u64| {
-            env.ops.kv_write(&env.name, KvOutcome::Limited);
-            env.ops.kv_limited(&env.name, limit);
-            KvError::Limit { limit, what, max }
-        };
+        let count = |outcome| env.ops.kv_write(&env.name, outcome);
         match refusal {
             KvRefusal::StaleTerm => {
-                env.ops.kv_write(&env.name, KvOutcome::Stale);
+                count(KvOutcome::Stale);
                 KvError::Stale {
                     term: env.lease.term,
                     key: env.lease.key.clone(),
                 }
             }
-            KvRefusal::TooManyKeys { limit } => limited(
-                KvLimit::Keys,
-                "the namespace would hold more keys".to_owned(),
-                limit,
-            ),
-            KvRefusal::TooManyBytes { limit } => limited(
-                KvLimit::Bytes,
-                "the namespace would hold more bytes".to_owned(),
-                limit,
-            ),
+            KvRefusal::TooManyKeys { limit } => {
+                count(KvOutcome::Limited);
+                let what = "the namespace would hold more keys".to_owned();
+                self.over(KvLimit::Keys, what, limit)
+            }
+            KvRefusal::TooManyBytes { limit } => {
+                count(KvOutcome::Limited);
+                let what = "the namespace would hold more bytes".to_owned();
+                self.over(KvLimit::Bytes, what, limit)
+            }
             KvRefusal::NotANumber => KvError::NotANumber(key.to_owned()),
             KvRefusal::Overflow => KvError::Overflow(key.to_owned()),
         }
@@ -390,11 +387,7 @@ impl Kv<'_> {
             .take(rate, n);
         if !allowed {
             let what = format!("{n} writes now; try again later");
-            return Err(self.over(
-                KvLimit::Rate,
-                what,
-                usize::try_from(rate).unwrap_or(usize::MAX),
-            ));
+            return Err(self.over(KvLimit::Rate, what, rate));
         }
         Ok(())
     }
@@ -421,12 +414,12 @@ impl Kv<'_> {
     }
 
     /// A refusal by `limit` (at `max`), counted.
-    fn over(&self, limit: KvLimit, what: String, max: usize) -> KvError {
+    fn over(&self, limit: KvLimit, what: String, max: impl TryInto<u64>) -> KvError {
         self.env.ops.kv_limited(&self.env.name, limit);
         KvError::Limit {
             limit,
             what,
-            max: u64::try_from(max).unwrap_or(u64::MAX),
+            max: max.try_into().unwrap_or(u64::MAX),
         }
     }
 }

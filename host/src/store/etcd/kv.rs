@@ -3,8 +3,9 @@
 //!
 //! Keys under the store's prefix `P` (`%` and `/` in a space name percent-escaped):
 //! - `P kv/<space>/<key>`: a value, on no lease.
-//! - `P kvusage/<space>`: the namespace's usage, `"<keys> <bytes>"`, written in the transaction
-//!   of every fenced write that changes the namespace. Once made it is never deleted (an
+//! - `P kvusage/<space>`: the namespace's usage, `"<keys> <bytes> <mark>"` (the mark of the
+//!   write that made it, [`write_mark`]), written in the transaction of every fenced write
+//!   that changes the namespace. Once made it is never deleted (an
 //!   emptied namespace keeps `"0 0"`), so its mod revision only grows: a writer that finds it
 //!   unchanged knows that no write of this version touched the namespace meanwhile. (Deleted
 //!   at zero, it could come back absent, and a writer holding a scan from before would count
