@@ -9,7 +9,8 @@
 //! member/HOLDER     a spread member                             value: holder
 //! announce/HOLDER   a joining spread member's wake-up           value: holder
 //! handover/NAME     a service handed to another host            value: JSON (runtime)
-//! kv space          guests' key-value records, in their own table or range
+//! kv space          guests' key-value records, in their own table or range, by namespace:
+//!                   a service's name, or bucket/NAME for a shared bucket
 //! ```
 
 /// The prefix of the slots' lease records.
@@ -30,6 +31,10 @@ pub const ANNOUNCE_PREFIX: &str = "announce/";
 /// the slot again.
 pub const HAND_OVER_PREFIX: &str = "handover/";
 
+/// The prefix of the key-value namespaces of shared buckets (`kv-buckets`). A service's own
+/// namespace is its name, which has no `/`, so the two never meet.
+pub const BUCKET_PREFIX: &str = "bucket/";
+
 /// The store key of slot `slot`.
 pub fn slot_key(slot: u32) -> String {
     format!("{SLOT_PREFIX}{slot}")
@@ -48,4 +53,9 @@ pub fn member_key(holder: &str) -> String {
 /// The hand-over record of the service `name`.
 pub fn hand_over_key(name: &str) -> String {
     format!("{HAND_OVER_PREFIX}{name}")
+}
+
+/// The key-value namespace of the shared bucket `name`.
+pub fn bucket_space(name: &str) -> String {
+    format!("{BUCKET_PREFIX}{name}")
 }

@@ -10,6 +10,7 @@ use clap::{Args, Subcommand};
 use super::StoreArgs;
 use super::status::emit;
 use crate::config::check_bucket_name;
+use crate::keys::bucket_space;
 use crate::log_output::escaped;
 use crate::store::{self, FencedKv, KvUsage};
 
@@ -62,7 +63,7 @@ impl Namespace {
         if self.bucket {
             check_bucket_name(name)
                 .map_err(|reason| anyhow::anyhow!("bucket {name:?} {reason}"))?;
-            Ok(format!("bucket/{name}"))
+            Ok(bucket_space(name))
         } else if name.is_empty() || name.contains('/') {
             anyhow::bail!("service {name:?}: not a service name")
         } else {

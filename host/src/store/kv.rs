@@ -150,15 +150,20 @@ impl KvUsage {
             .fold(Self::default(), |u, (k, v)| u.with(k, Some(v.len())))
     }
 
+    /// This usage with one more key, of `key_bytes`, holding `value_bytes`: how a scan of a
+    /// namespace counts what it finds.
+    #[must_use]
+    pub fn plus(self, key_bytes: usize, value_bytes: usize) -> Self {
+        let size = u64::try_from(key_bytes + value_bytes).unwrap_or(u64::MAX);
+        Self {
+            keys: self.keys + 1,
+            bytes: self.bytes.saturating_add(size),
+        }
+    }
+
     /// This usage with `key` holding a value of `len` bytes (`None`: absent) added.
     fn with(self, key: &str, len: Option<usize>) -> Self {
-        match len {
-            Some(len) => Self {
-                keys: self.keys + 1,
-                bytes: self.bytes + size(key, len),
-            },
-            None => self,
-        }
+        len.map_or(self, |len| self.plus(key.len(), len))
     }
 
     /// This usage with `key`'s value of `len` bytes taken out.

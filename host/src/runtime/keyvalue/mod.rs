@@ -140,6 +140,7 @@ mod vvm;
 use std::sync::PoisonError;
 
 use super::state::{Bucket, Host, KvAccess, ServiceEnv};
+use crate::keys::bucket_space;
 use crate::ops::{KvLimit, KvOutcome};
 use crate::store::{Fence, KvDone, KvOp, KvQuota, KvRefusal, KvWrite, MAX_BATCH, StoreError};
 
@@ -210,7 +211,7 @@ impl Kv<'_> {
         let space = if name.is_empty() || name == "default" {
             self.env.name.to_string()
         } else if self.access.buckets.iter().any(|b| b == name) {
-            format!("bucket/{name}")
+            bucket_space(name)
         } else {
             return Err(KvError::AccessDenied(name.to_owned()));
         };

@@ -136,12 +136,6 @@ fn write_mark() -> u64 {
     hasher.finish()
 }
 
-/// The bytes a key-value adds to its namespace's usage, its key less the namespace's prefix.
-fn size_of(kv: &KeyValue, base: &str) -> u64 {
-    let len = kv.key().len().saturating_sub(base.len()) + kv.value().len();
-    u64::try_from(len).unwrap_or(u64::MAX)
-}
-
 impl EtcdStore {
     /// The prefix of every key of `space`.
     fn kv_base(&self, space: &str) -> String {
@@ -253,8 +247,9 @@ impl EtcdStore {
             let more = page.more();
             let kvs = page.take_kvs();
             for kv in &kvs {
-                usage.keys += 1;
-                usage.bytes = usage.bytes.saturating_add(size_of(kv, &base));
+                // The key less the namespace's prefix, as the guest named it.
+                let key_bytes = kv.key().len().saturating_sub(base.len());
+                usage = usage.plus(key_bytes, kv.value().len());
             }
             match kvs.last() {
                 Some(last) if more => {

@@ -46,8 +46,7 @@ fn scanned_usage(
     let mut usage = KvUsage::default();
     for entry in keys_from(kv, space, Bound::Unbounded)? {
         let (key, len) = entry?;
-        usage.keys += 1;
-        usage.bytes += u64::try_from(key.len() + len).unwrap_or(u64::MAX);
+        usage = usage.plus(key.len(), len);
     }
     Ok(usage)
 }
