@@ -493,10 +493,13 @@ fn a_service_file_linked_from_elsewhere_follows_its_target() {
     let target = elsewhere.join("app.wasm");
     std::fs::copy(guests::guest("rust-ticker"), &target).unwrap();
     std::os::unix::fs::symlink(&target, services.join("app.wasm")).unwrap();
-    let a = host("a", dir.path());
+    // The follower's looks at a file are at debug.
+    let log = "info,vvm_host::elections=debug,vvm_host::runtime::live_dir=debug";
+    let a = testkit::host::serve_with(BIN, "a", dir.path(), ["vvm.redb", "2s", "2s"], log);
     a.wait_for(&["ticker started", &tag("app")]);
-    // Past the look at every file that follows the start.
-    std::thread::sleep(Duration::from_secs(1));
+    // Past the look at every file that follows the start, and before the first recheck of
+    // the links: a change from now on is one that only following the link can see.
+    a.wait_for(&["service file unchanged", &tag("app")]);
 
     let from = a.mark();
     let next = elsewhere.join("app.wasm.next");

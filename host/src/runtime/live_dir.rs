@@ -97,7 +97,9 @@ impl LiveDir {
         let mut follower = Follower {
             watched: identity(&dir),
             unwatchable: None,
-            links: BTreeMap::new(),
+            // Taken before the thread starts: a link changed from here on is seen at a
+            // recheck, one changed before by the first look at every file.
+            links: link_targets(&dir),
             watcher,
             dir: dir.clone(),
             rt,
@@ -136,6 +138,25 @@ impl Drop for LiveDir {
 
 /// What a symlinked service file leads to: device, inode, size and mtime; `None` if nothing.
 type LinkTarget = Option<(u64, u64, u64, Option<SystemTime>)>;
+
+/// What each service file in `dir` that is a symlink leads to now, by service name.
+fn link_targets(dir: &Path) -> BTreeMap<String, LinkTarget> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return BTreeMap::new();
+    };
+    entries
+        .flatten()
+        .filter(|entry| entry.file_type().is_ok_and(|t| t.is_symlink()))
+        .filter_map(|entry| {
+            let path = entry.path();
+            let name = service_name(&path)?;
+            let target = std::fs::metadata(&path)
+                .ok()
+                .map(|meta| (meta.dev(), meta.ino(), meta.len(), meta.modified().ok()));
+            Some((name, target))
+        })
+        .collect()
+}
 
 /// The directory a path names now (device, inode), through symlinks; `None` if none.
 fn identity(path: &Path) -> Option<(u64, u64)> {
@@ -203,7 +224,7 @@ impl Follower {
         }
     }
 
-    fn note(&self, debouncer: &mut Debouncer, event: &notify::Event) {
+    fn note(&mut self, debouncer: &mut Debouncer, event: &notify::Event) {
         if event.need_rescan() {
             tracing::warn!(dir = %self.dir.display(), "services directory events were lost: looking at every file");
             self.rescan(debouncer);
@@ -255,35 +276,19 @@ impl Follower {
     /// inode, size, mtime) with the last recheck, and a change is noted as a write: the file
     /// is looked at once it has been quiet for a while, as a change no close completes.
     fn recheck_links(&mut self, debouncer: &mut Debouncer) {
-        let Ok(entries) = std::fs::read_dir(&self.dir) else {
-            return;
-        };
-        let mut seen = BTreeMap::new();
-        for entry in entries.flatten() {
-            let path = entry.path();
-            let Some(name) = service_name(&path) else {
-                continue;
-            };
-            if !entry.file_type().is_ok_and(|t| t.is_symlink()) {
-                continue;
+        let now = link_targets(&self.dir);
+        for (name, target) in &now {
+            if self.links.get(name).is_some_and(|before| before != target) {
+                debouncer.note(name, Change::Written, self.clock.now());
             }
-            let target = std::fs::metadata(&path)
-                .ok()
-                .map(|meta| (meta.dev(), meta.ino(), meta.len(), meta.modified().ok()));
-            if self
-                .links
-                .get(&name)
-                .is_some_and(|before| *before != target)
-            {
-                debouncer.note(&name, Change::Written, self.clock.now());
-            }
-            seen.insert(name, target);
         }
-        self.links = seen;
+        self.links = now;
     }
 
-    /// Every service file on disk, and every service in the catalogue, is looked at.
-    fn rescan(&self, debouncer: &mut Debouncer) {
+    /// Every service file on disk, and every service in the catalogue, is looked at; what
+    /// the links among them lead to is taken afresh, so a later change of one is seen.
+    fn rescan(&mut self, debouncer: &mut Debouncer) {
+        self.links = link_targets(&self.dir);
         let mut names: Vec<String> = self.catalogue.borrow().keys().cloned().collect();
         match discover(&self.dir) {
             Ok(files) => names.extend(files.iter().filter_map(|p| service_name(p))),
