@@ -14,7 +14,5 @@ const { component } = await componentize({
   sourcePath: here('./ticker.js'),
   witPath: here('../../wit'),
   worldName: 'service',
-  // The service needs no HTTP: leave out fetch() and the incoming-handler export.
-  disableFeatures: ['http', 'fetch-event'],
 });
 await writeFile(out, component);

@@ -3,6 +3,14 @@
 // host says stop. It greets with `greeting` from its configuration (`wasi:config`,
 // `[service.js-ticker.config]` in vvm.toml).
 //
+// With `notify-url` in its configuration, it also POSTs `js-ticker count N term T` to that URL
+// after every tick with `fetch()` (componentize-js's `http` feature, over
+// `wasi:http/outgoing-handler`) and logs the status or the error. The operator must grant the
+// URL's origin (`http = ["http://127.0.0.1:8080"]` under `[service.js-ticker]`); a denied
+// fetch rejects. A POST whose connection fails before its body is sent (refused) does not
+// reject with componentize-js 0.23: the engine aborts, which is a trap (see the guests'
+// README).
+//
 // Built with componentize-js (build.mjs) against the `vvm:host` `service` world
 // (../../wit/host.wit). Top-level code runs at build time (the engine is pre-initialised), so
 // everything that asks the host happens inside `run`.
@@ -38,13 +46,32 @@ function sleepOrStop(stopping, ms) {
   return poll([stopping, timer]).includes(0);
 }
 
+// Tells `url` the new count; a failure is logged, not fatal (the count is stored). The URL is
+// not logged: the operator may have given it as a secret (`{ env = ... }`).
+async function notify(url, count, term) {
+  try {
+    const response = await fetch(url, {
+      method: 'POST',
+      headers: { 'content-type': 'text/plain' },
+      body: `js-ticker count ${count} term ${term}`,
+    });
+    await response.arrayBuffer(); // read to its end, so the exchange completes
+    info(`notify: status ${response.status}`);
+  } catch (e) {
+    log('warn', `notify failed: ${String(e?.message ?? e).trim()}`);
+  }
+}
+
 // Called once per leadership. Returning is `ok`; throwing a string (or an import's error,
-// which carries its message as `payload`) is `err(message)`.
-export function run() {
+// which carries its message as `payload`) is `err(message)`. It is `async` so that it can
+// `await` a `fetch()`: componentize-js runs the engine's event loop until the promise `run`
+// returns settles, and the component's `run` stays a plain synchronous export.
+export async function run() {
   const lease = current();
   const stopping = stoppingPollable();
   const period = tickMs(1000);
   const greeting = config('greeting') ?? 'hello';
+  const notifyUrl = config('notify-url');
   info(`js ticker started: slot ${lease.slot} holder ${lease.holder} term ${lease.term}; ${greeting}`);
   const bucket = open(''); // the service's own namespace
   for (let tick = 1; ; tick++) {
@@ -56,6 +83,9 @@ export function run() {
       throw errorText(e);
     }
     info(`tick ${tick}: term ${lease.term} count ${count}`);
+    if (notifyUrl) {
+      await notify(notifyUrl, count, lease.term);
+    }
     if (sleepOrStop(stopping, period)) {
       info('js ticker stopping');
       return;

@@ -109,6 +109,9 @@ pub(crate) fn earliest<'a>(leases: impl IntoIterator<Item = &'a LocalLease>) -> 
     leases.into_iter().map(LocalLease::written_until).min()
 }
 
+/// The longest [`LeaseDeadline::passed`] sleeps before it looks at the clock again.
+pub const DEADLINE_NAP: Duration = Duration::from_millis(50);
+
 /// The local lease deadline (*valid-until*): the start of the last successful write plus
 /// 0.8·L, or the moment the lease was known lost. Past it no guest output or host call may
 /// take effect (SPEC §4, §6). Read on a [`Clock`] that counts suspend. Cheap to clone.
@@ -160,5 +163,39 @@ impl LeaseDeadline {
     /// True once the deadline has been reached (inclusive).
     pub fn has_passed(&self) -> bool {
         self.time_left().is_none()
+    }
+
+    /// Resolves once the deadline has passed. Every poll looks at the clock first, so a
+    /// `select!` that polls this before the work it fences never lets that work run a step
+    /// past the deadline (after a `SIGSTOP`, say), whatever woke it. Between polls it wakes at
+    /// most [`DEADLINE_NAP`] after the deadline: the wait is cut into naps of at most that,
+    /// so a suspend (which timers do not count) or a clock moved by a test is seen too; a
+    /// deadline moved earlier wakes it at once.
+    pub fn passed(&self) -> impl Future<Output = ()> + Send + '_ {
+        let mut wait = Box::pin(self.naps());
+        std::future::poll_fn(move |cx| {
+            if self.has_passed() {
+                std::task::Poll::Ready(())
+            } else {
+                wait.as_mut().poll(cx)
+            }
+        })
+    }
+
+    async fn naps(&self) {
+        let mut until = self.until.clone();
+        let mut moves = true;
+        while let Some(left) = self.time_left() {
+            let nap = tokio::time::sleep(left.min(DEADLINE_NAP));
+            if !moves {
+                nap.await;
+                continue;
+            }
+            tokio::select! {
+                () = nap => {}
+                // Gone: the deadline can no longer move, naps alone tell.
+                changed = until.changed() => moves = changed.is_ok(),
+            }
+        }
     }
 }

@@ -727,6 +727,9 @@ const EFFECTS: &[&str] = &[
     "tcp-listen",
     "tcp-accept",
     "tcp-write",
+    "http-handle",
+    "http-body-write",
+    "http-pending",
 ];
 
 /// What one trial of an effect saw.
@@ -767,6 +770,55 @@ fn snapshot(dir: &std::path::Path) -> Vec<(String, String)> {
     entries
 }
 
+/// What the `test/effects` guest is granted for `effect`: `data` as `/data`, its network,
+/// and outgoing HTTP to `addr`.
+fn effect_grants(effect: &str, data: &std::path::Path, addr: std::net::SocketAddr) -> Grants {
+    let origin = format!("http://{addr}");
+    let limits = vvm_host::runtime::OutgoingLimits::default();
+    Grants {
+        dirs: vec![DirGrant {
+            host: data.to_owned(),
+            guest: "/data".into(),
+            read_only: false,
+        }],
+        env: vec![
+            ("EFFECT".into(), effect.into()),
+            ("EFFECT_ADDR".into(), addr.to_string()),
+        ],
+        network: true,
+        http: Arc::new(vvm_host::runtime::HttpPolicy::new(&[origin], None, limits).unwrap()),
+        ..Grants::default()
+    }
+}
+
+/// The server of an `http-` effect. Past the deadline it never answers: what the guest waits
+/// for can only be dropped. With a valid lease it answers at once.
+fn http_server(fenced: bool) -> testkit::http::Server {
+    testkit::http::Server::start(testkit::http::Behaviour {
+        head_delay: if fenced {
+            Duration::from_hours(1)
+        } else {
+            Duration::ZERO
+        },
+        ..testkit::http::Behaviour::default()
+    })
+}
+
+/// Whether an `http-` effect reached `server`: a connection (`handle`), a body byte (a body
+/// write), an answer taken (a pending response: the request arrived whole and its
+/// connection stayed until the answer; past the deadline it was either never sent or
+/// dropped unanswered, and no connection is left open once the guest is gone).
+fn http_seen(effect: &str, server: &testkit::http::Server) -> bool {
+    match effect {
+        "http-handle" => server.connections() > 0,
+        "http-body-write" => server.body_bytes_received() > 0,
+        _ => {
+            server.wait_until_idle();
+            !server.requests().is_empty() && server.closed_early() == 0
+        }
+    }
+}
+
 /// Runs `effect` in the `test/effects` guest: prepared under a valid lease, performed after
 /// the stop; with `fenced`, the lease deadline passes just before the stop.
 async fn trial(effect: &str, fenced: bool, cache: &std::path::Path) -> Trial {
@@ -790,27 +842,16 @@ async fn trial(effect: &str, fenced: bool, cache: &std::path::Path) -> Trial {
     let udp = (effect == "udp-send").then(|| UdpSocket::bind("127.0.0.1:0").unwrap());
     let listener = matches!(effect, "tcp-connect" | "tcp-write")
         .then(|| TcpListener::bind("127.0.0.1:0").unwrap());
-    let addr = match (&udp, &listener) {
-        (Some(u), _) => u.local_addr().unwrap(),
-        (_, Some(l)) => l.local_addr().unwrap(),
+    let http = effect.starts_with("http-").then(|| http_server(fenced));
+    let addr = match (&udp, &listener, &http) {
+        (Some(u), _, _) => u.local_addr().unwrap(),
+        (_, Some(l), _) => l.local_addr().unwrap(),
+        (_, _, Some(h)) => h.addr(),
         _ => free_port(),
     };
-    config.grants.insert(
-        name.clone(),
-        Grants {
-            dirs: vec![DirGrant {
-                host: data.path().to_owned(),
-                guest: "/data".into(),
-                read_only: false,
-            }],
-            env: vec![
-                ("EFFECT".into(), effect.into()),
-                ("EFFECT_ADDR".into(), addr.to_string()),
-            ],
-            network: true,
-            ..Grants::default()
-        },
-    );
+    config
+        .grants
+        .insert(name.clone(), effect_grants(effect, data.path(), addr));
     let (services, errors) = WasmServices::load(config, ops()).unwrap();
     assert!(errors.is_empty(), "{errors:?}");
     let clock = Arc::new(SystemClock::local());
@@ -860,6 +901,7 @@ async fn trial(effect: &str, fenced: bool, cache: &std::path::Path) -> Trial {
         // An accepted connection is closed with the guest (end of stream); one never
         // accepted is reset with the guest's listener.
         "tcp-accept" => Some(read_one(client.unwrap()).is_ok()),
+        _ if effect.starts_with("http-") => Some(http_seen(effect, &http.unwrap())),
         _ => Some(snapshot(data.path()) != before),
     };
     Trial {

@@ -154,6 +154,7 @@ fn soak(faults: usize, store: &str) {
     println!("soak: seed {seed}, {faults} faults");
     let mut rng = Rng(seed);
     let dir = journal_dir();
+    let server = add_token_poster(dir.path());
     let mut hosts: Vec<Host> = NAMES
         .iter()
         .map(|n| serve_on(n, dir.path(), "1s", store))
@@ -213,19 +214,70 @@ fn soak(faults: usize, store: &str) {
     let distinct: std::collections::BTreeSet<u64> = lines.iter().map(|l| l.0).collect();
     let drops = term_drops(&lines);
     let overlaps = log_overlaps(&all);
+    let tokens = received_tokens(&server);
+    let token_drops = term_drops(&tokens);
     println!(
         "soak: {faults} faults ({kills} SIGKILL, {stops} SIGSTOP, {terms} SIGTERM) in {:?}; \
-         {} journal lines under {} terms; term drops in the file: {}; log overlaps: {overlaps}",
+         {} journal lines under {} terms; term drops in the file: {}; log overlaps: {overlaps}; \
+         {} HTTP requests received; fencing-token drops: {}",
         started.elapsed(),
         lines.len(),
         distinct.len(),
-        drops.len()
+        drops.len(),
+        tokens.len(),
+        token_drops.len()
     );
     assert_eq!(drops, vec![], "seed {seed}: a term went down in the file");
+    assert!(
+        !tokens.is_empty(),
+        "seed {seed}: no request reached the server"
+    );
+    assert_eq!(
+        token_drops,
+        vec![],
+        "seed {seed}: the server received a lower fencing token after a higher one"
+    );
     assert_eq!(
         overlaps, 0,
         "seed {seed}: a lower term was logged after a higher one"
     );
+}
+
+/// Adds the `tokens` service to a [`journal_dir`]: the `test/http-client` guest posting
+/// `TERM SEQ` every 2 ms to the returned server, which records each request's
+/// `vvm-fencing-token` in the order it arrived.
+fn add_token_poster(dir: &Path) -> testkit::http::Server {
+    let server = testkit::http::Server::start(testkit::http::Behaviour::default());
+    let services = dir.join("services");
+    std::fs::copy(
+        guests::guest("test/http-client"),
+        services.join("tokens.wasm"),
+    )
+    .unwrap();
+    let origin = format!("http://127.0.0.1:{}", server.port());
+    let table = format!(
+        "[service.tokens]\nhttp = [\"{origin}\"]\nenv = [\"URL={origin}/t\", \"MODE=token\", \"EVERY_MS=2\"]\n"
+    );
+    let mut toml = std::fs::read_to_string(dir.join("vvm.toml")).unwrap();
+    toml.push_str(&table);
+    std::fs::write(dir.join("vvm.toml"), toml).unwrap();
+    server
+}
+
+/// `(token, seq)` of every request the server received, in arrival order.
+fn received_tokens(server: &testkit::http::Server) -> Vec<(u64, u64)> {
+    server
+        .requests()
+        .iter()
+        .map(|r| {
+            let token = r.header("vvm-fencing-token").unwrap().parse().unwrap();
+            let body = String::from_utf8_lossy(&r.body);
+            let seq = body
+                .split_once(' ')
+                .map_or(0, |(_, s)| s.parse().unwrap_or(0));
+            (token, seq)
+        })
+        .collect()
 }
 
 /// How many faults the short soaks run: `VVM_SOAK_FAULTS`, else 12.

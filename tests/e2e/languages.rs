@@ -3,6 +3,7 @@
 //! (`wasi:config`), count in the fenced key-value store (`wasi:keyvalue`), return when told
 //! to stop, and a restart loads them from the compile cache. The Rust one is in `keyvalue`.
 
+use std::fmt::Write as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -175,4 +176,56 @@ fn python_example_counts_under_its_term_stops_on_sigterm_and_restarts_from_cache
 #[test]
 fn js_example_counts_under_its_term_stops_on_sigterm_and_restarts_from_cache() {
     example_runs_under_serve("js-ticker", CACHE_SPEEDUP);
+}
+
+/// The three examples make an outgoing call (SPEC §10): with `notify-url` set and its origin
+/// granted, each POSTs its count to a local server after every count (JavaScript with a plain
+/// `fetch()`), carrying the host's fencing token and lease; and each logs the answer.
+#[test]
+fn each_example_tells_its_notify_url_with_the_fencing_token() {
+    const EXAMPLES: [&str; 3] = ["rust-counter", "python-ticker", "js-ticker"];
+    let server = testkit::http::Server::start(testkit::http::Behaviour::default());
+    let origin = format!("http://127.0.0.1:{}", server.port());
+    let dir = tempfile::tempdir().unwrap();
+    let services = dir.path().join("services");
+    std::fs::create_dir(&services).unwrap();
+    let mut toml = String::new();
+    for example in EXAMPLES {
+        std::fs::copy(
+            guests::guest(example),
+            services.join(format!("{example}.wasm")),
+        )
+        .unwrap();
+        writeln!(
+            toml,
+            "[service.{example}]\nenv = [\"TICK_MS=50\"]\nhttp = [\"{origin}\"]\n\
+             [service.{example}.config]\nnotify-url = \"{origin}/counts\""
+        )
+        .unwrap();
+    }
+    std::fs::write(dir.path().join("vvm.toml"), toml).unwrap();
+    let mut host =
+        testkit::host::serve_with(BIN, "a", dir.path(), ["vvm.redb", "5s", "2s"], "info");
+    for example in EXAMPLES {
+        host.wait_for(&[&format!("\"service\":\"{example}\""), "notify: status 200"]);
+    }
+    let requests = server.requests();
+    for example in EXAMPLES {
+        let from: Vec<_> = requests
+            .iter()
+            .filter(|r| String::from_utf8_lossy(&r.body).starts_with(&format!("{example} count ")))
+            .collect();
+        assert!(!from.is_empty(), "{example}: {requests:?}");
+        for r in from {
+            assert_eq!((r.method.as_str(), r.path.as_str()), ("POST", "/counts"));
+            assert!(
+                String::from_utf8_lossy(&r.body).ends_with(" term 1"),
+                "{r:?}"
+            );
+            assert_eq!(r.header_values("vvm-fencing-token"), ["1"], "{r:?}");
+            assert_eq!(r.header_values("vvm-lease"), ["slot/1"], "{r:?}");
+        }
+    }
+    host.signal(Signal::TERM);
+    assert!(host.wait_exit().success());
 }

@@ -15,6 +15,7 @@ mod languages;
 mod live_dir;
 mod netns;
 mod ops;
+mod outgoing_http;
 mod spread;
 mod systemd;
 mod tools;

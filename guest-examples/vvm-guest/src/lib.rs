@@ -1,6 +1,7 @@
 //! Rust bindings for the `vvm:host/service` world (see `wit/host.wit`: `vvm:host`, WASI 0.2,
-//! `wasi:keyvalue` and `wasi:config` under `wasi`), plus small helpers
-//! shared by the Rust guests. A guest implements [`Guest`] and calls [`export!`].
+//! `wasi:keyvalue`, `wasi:config` and `wasi:http` under `wasi`), plus small helpers shared by
+//! the Rust guests ([`http`]: blocking outgoing requests). A guest implements [`Guest`] and
+//! calls [`export!`].
 
 /// Generated from `wit/host.wit` (and the WASI packages it uses).
 #[allow(missing_docs)]
@@ -13,6 +14,8 @@ pub mod bindings {
         default_bindings_module: "vvm_guest::bindings",
     });
 }
+
+pub mod http;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::error::ConfigError;
-use super::service::{GrantConfig, KvLimitsConfig};
+use super::service::{GrantConfig, KvLimitsConfig, OutgoingHttpConfig};
 
 /// The wait before a failed service's first restart; each failure in a row doubles it.
 pub const RESTART_BACKOFF_INITIAL: Duration = Duration::from_millis(100);
@@ -44,6 +44,13 @@ pub const MAX_KV_BYTES: u64 = 8 << 30;
 pub const MAX_KV_WRITES_PER_SECOND: u32 = 100_000;
 /// The longest name of a key-value bucket.
 pub const MAX_BUCKET_NAME: usize = 64;
+/// The most outgoing HTTP requests one service may have in flight at once.
+pub const MAX_OUTGOING_CONCURRENT: u32 = 10_000;
+/// The shortest outgoing HTTP timeout (connect, first byte, between bytes).
+pub const MIN_OUTGOING_TIMEOUT: Duration = Duration::from_millis(1);
+/// The longest outgoing HTTP timeout: a request still waiting after an hour holds a slot of
+/// its service's concurrency for nothing.
+pub const MAX_OUTGOING_TIMEOUT: Duration = Duration::from_hours(1);
 
 /// The values [`validate`] bounds.
 #[derive(Clone, Copy, Debug)]
@@ -166,6 +173,11 @@ pub(super) fn check_services(grants: &BTreeMap<String, GrantConfig>) -> Result<(
             })?;
         }
         check_kv_limits("service.*.kv", &format!("service {name}: "), &grant.kv)?;
+        check_outgoing_http(
+            "service.*.outgoing-http",
+            &format!("service {name}: "),
+            &grant.outgoing_http,
+        )?;
         for bucket in &grant.kv_buckets {
             check_bucket_name(bucket).map_err(|reason| ConfigError::Invalid {
                 name: "service.*.kv-buckets",
@@ -215,6 +227,49 @@ pub(super) fn check_kv_limits(
                 name: setting,
                 reason: format!("{whose}{key} = {value} is out of range 1..={max}"),
             });
+        }
+    }
+    Ok(())
+}
+
+/// Checks the outgoing HTTP limits of `[outgoing-http]` (`setting` `"outgoing-http"`, `whose`
+/// empty) or of one service's table.
+///
+/// # Errors
+/// Naming the setting, the limit and its bounds.
+pub(super) fn check_outgoing_http(
+    setting: &'static str,
+    whose: &str,
+    limits: &OutgoingHttpConfig,
+) -> Result<(), ConfigError> {
+    let invalid = |reason: String| {
+        Err(ConfigError::Invalid {
+            name: setting,
+            reason: format!("{whose}{reason}"),
+        })
+    };
+    if let Some(n) = limits.max_concurrent
+        && !(1..=MAX_OUTGOING_CONCURRENT).contains(&n)
+    {
+        return invalid(format!(
+            "max-concurrent = {n} is out of range 1..={MAX_OUTGOING_CONCURRENT}"
+        ));
+    }
+    let timeouts = [
+        ("connect-timeout", limits.connect_timeout),
+        ("first-byte-timeout", limits.first_byte_timeout),
+        ("between-bytes-timeout", limits.between_bytes_timeout),
+    ];
+    for (key, value) in timeouts {
+        if let Some(d) = value
+            && !(MIN_OUTGOING_TIMEOUT..=MAX_OUTGOING_TIMEOUT).contains(&d)
+        {
+            return invalid(format!(
+                "{key} = {} is out of range {}..={}",
+                show(d),
+                show(MIN_OUTGOING_TIMEOUT),
+                show(MAX_OUTGOING_TIMEOUT)
+            ));
         }
     }
     Ok(())

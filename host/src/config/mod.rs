@@ -20,16 +20,19 @@ mod service;
 
 pub use bounds::{
     Bounded, MAX_ACQUISITION_TIMEOUT, MAX_CLUSTER_SIZE, MAX_GRACE_PERIOD, MAX_HANDLE_LIMIT,
-    MAX_LEASE, MAX_MEMORY_LIMIT_MIB, MAX_RESTART_BACKOFF_MAX, MIN_HANDLE_LIMIT, MIN_LEASE,
+    MAX_LEASE, MAX_MEMORY_LIMIT_MIB, MAX_OUTGOING_CONCURRENT, MAX_OUTGOING_TIMEOUT,
+    MAX_RESTART_BACKOFF_MAX, MIN_HANDLE_LIMIT, MIN_LEASE, MIN_OUTGOING_TIMEOUT,
     RESTART_BACKOFF_INITIAL, check_bucket_name, validate,
 };
 pub use error::ConfigError;
 use parse::{opt_addr, opt_duration};
 pub use parse::{parse_duration, parse_metrics_addr};
-pub use service::{ConfigValue, GrantConfig, HAND_OVER_MEMORY, KvLimitsConfig, OnFailure};
+pub use service::{
+    ConfigValue, GrantConfig, HAND_OVER_MEMORY, KvLimitsConfig, OnFailure, OutgoingHttpConfig,
+};
 
 use crate::fs::{MAX_SETTINGS_FILE_BYTES, read_file};
-use bounds::{check_kv_limits, check_services, check_store};
+use bounds::{check_kv_limits, check_outgoing_http, check_services, check_store};
 
 /// The configuration file read when `--config` is not given and the file exists.
 pub const DEFAULT_CONFIG_FILE: &str = "vvm.toml";
@@ -78,6 +81,8 @@ pub struct FileConfig {
     pub etcd: Option<EtcdFileConfig>,
     /// `[kv]`: every service's key-value limits, unless its own table sets one.
     pub kv: Option<KvLimitsConfig>,
+    /// `[outgoing-http]`: every service's outgoing HTTP limits, unless its own table sets one.
+    pub outgoing_http: Option<OutgoingHttpConfig>,
     /// Per-service grants, keyed by service name (the `.wasm` file stem).
     #[serde(default)]
     pub service: BTreeMap<String, GrantConfig>,
@@ -237,6 +242,9 @@ pub struct Settings {
     pub restart_backoff_max: Duration,
     /// Key-value limits of every service (per service: its grant), from the file's `[kv]`.
     pub kv: KvLimitsConfig,
+    /// Outgoing HTTP limits of every service (per service: its grant), from the file's
+    /// `[outgoing-http]`.
+    pub outgoing_http: OutgoingHttpConfig,
 }
 
 impl Settings {
@@ -328,6 +336,7 @@ impl Settings {
                 .unwrap_or(DEFAULT_RESTART_BACKOFF_MAX),
             services,
             kv: file.kv.unwrap_or_default(),
+            outgoing_http: file.outgoing_http.unwrap_or_default(),
             grants: file.service,
         };
         validate(&Bounded {
@@ -340,6 +349,7 @@ impl Settings {
             restart_backoff_max: settings.restart_backoff_max,
         })?;
         check_kv_limits("kv", "", &settings.kv)?;
+        check_outgoing_http("outgoing-http", "", &settings.outgoing_http)?;
         check_services(&settings.grants)?;
         Ok(settings)
     }

@@ -41,6 +41,50 @@ pub struct GrantConfig {
     /// `[service.NAME.config]`: what `wasi:config/store` gives the service.
     #[serde(default)]
     pub config: BTreeMap<String, ConfigValue>,
+    /// Where the service may send outgoing HTTP requests (`http`), in Spin's syntax:
+    /// `"https://api.example.com"`, `"https://*.slack.com:443"`, `"http://127.0.0.1:8080"`.
+    /// Nothing by default.
+    #[serde(default)]
+    pub http: Vec<String>,
+    /// A CA certificate file (PEM) the service's HTTPS requests also trust (`http-ca`), beside
+    /// the bundled web PKI roots: for internal services.
+    pub http_ca: Option<PathBuf>,
+    /// `[service.NAME.outgoing-http]`: this service's outgoing HTTP limits, over the
+    /// host-wide `[outgoing-http]`.
+    #[serde(default)]
+    pub outgoing_http: OutgoingHttpConfig,
+}
+
+/// `[outgoing-http]` (host-wide) and `[service.NAME.outgoing-http]`: limits on a service's
+/// outgoing HTTP requests. A key a service's table leaves out is the host-wide one, and one
+/// left out there too is the default (`runtime::OutgoingLimits`).
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct OutgoingHttpConfig {
+    /// The most requests of one service in flight at once; more wait for one to end.
+    pub max_concurrent: Option<u32>,
+    /// The longest a connection may take: name lookup, TCP connect and TLS handshake.
+    #[serde(default, with = "opt_duration")]
+    pub connect_timeout: Option<Duration>,
+    /// The longest wait for the response head once the request is sent.
+    #[serde(default, with = "opt_duration")]
+    pub first_byte_timeout: Option<Duration>,
+    /// The longest wait between two pieces of the response body.
+    #[serde(default, with = "opt_duration")]
+    pub between_bytes_timeout: Option<Duration>,
+}
+
+impl OutgoingHttpConfig {
+    /// These limits, each falling back to `lower`'s where this one has none.
+    #[must_use]
+    pub fn over(self, lower: Self) -> Self {
+        Self {
+            max_concurrent: self.max_concurrent.or(lower.max_concurrent),
+            connect_timeout: self.connect_timeout.or(lower.connect_timeout),
+            first_byte_timeout: self.first_byte_timeout.or(lower.first_byte_timeout),
+            between_bytes_timeout: self.between_bytes_timeout.or(lower.between_bytes_timeout),
+        }
+    }
 }
 
 /// `[kv]` (host-wide) and `[service.NAME.kv]`: limits on a service's key-value data. A key a

@@ -14,6 +14,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 
+use super::outgoing::HttpMetrics;
+
 /// How one renewal attempt ended (`vvm_lease_renewals_total{outcome}`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RenewalOutcome {
@@ -158,13 +160,16 @@ pub(super) struct Metrics {
     kv_writes: Family<KvLabels, Counter>,
     kv_limits: Family<LimitLabels, Counter>,
     service_state: Family<StateLabels, Gauge>,
+    pub http: HttpMetrics,
 }
 
 impl Metrics {
     pub fn new() -> Self {
         let renewals = Family::<OutcomeLabels, Counter>::default();
+        let mut registry = Registry::default();
+        let http = HttpMetrics::new(&mut registry);
         let mut metrics = Self {
-            registry: Registry::default(),
+            registry,
             lease_held: Family::default(),
             lease_term: Family::default(),
             lease_time_left: Family::default(),
@@ -180,6 +185,7 @@ impl Metrics {
             kv_writes: Family::default(),
             kv_limits: Family::default(),
             service_state: Family::default(),
+            http,
         };
         metrics.register_lease(renewals);
         metrics.register_services();
@@ -277,6 +283,7 @@ impl Metrics {
         for limit in KvLimit::ALL {
             drop(self.kv_limits.get_or_create(&limit_labels(service, limit)));
         }
+        self.http.service_loaded(service);
         let stopped = StateLabels {
             service: service.to_owned(),
             state: "stopped",
@@ -301,6 +308,7 @@ impl Metrics {
         for limit in KvLimit::ALL {
             let _ = self.kv_limits.remove(&limit_labels(service, limit));
         }
+        self.http.service_removed(service);
         for state in SERVICE_STATES {
             self.service_state.remove(&StateLabels {
                 service: service.to_owned(),

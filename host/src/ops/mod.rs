@@ -14,10 +14,12 @@
 mod health;
 mod http;
 mod metrics;
+mod outgoing;
 
 pub use health::Health;
 pub use http::{Endpoint, EndpointError};
 pub use metrics::{KvLimit, KvOutcome, RenewalOutcome};
+pub use outgoing::HttpOutcome;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -171,6 +173,12 @@ impl Ops {
     /// A key-value write of `service` ended with `outcome`.
     pub fn kv_write(&self, service: &str, outcome: KvOutcome) {
         self.inner.metrics.kv_write(service, outcome);
+    }
+
+    /// An outgoing HTTP request of `service` ended with `outcome` after `took` (none: it was
+    /// never sent).
+    pub fn http_request(&self, service: &str, outcome: HttpOutcome, took: Option<Duration>) {
+        self.inner.metrics.http.request(service, outcome, took);
     }
 
     /// The Prometheus (`OpenMetrics`) text exposition of every metric, as of now.

@@ -18,6 +18,7 @@ pub(crate) mod service {
             "wasi:io": wasmtime_wasi::p2::bindings::io,
             "wasi:random": wasmtime_wasi::p2::bindings::random,
             "wasi:sockets": wasmtime_wasi::p2::bindings::sockets,
+            "wasi:http": wasmtime_wasi_http::p2::bindings::http,
             "wasi:keyvalue/store.bucket": crate::runtime::state::Bucket,
             "wasi:keyvalue/atomics.cas": crate::runtime::state::Cas,
         },

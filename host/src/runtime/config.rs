@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::outgoing::{HttpPolicy, OutgoingLimits};
 use crate::config::{
     self, ConfigError, ConfigValue, GrantConfig, KvLimitsConfig, OnFailure, Settings,
 };
@@ -44,6 +45,8 @@ pub struct RuntimeConfig {
     pub restart: RestartPolicy,
     /// Limits on each service's key-value data, but where its grant sets its own.
     pub kv: KvLimits,
+    /// Limits on each service's outgoing HTTP requests, but where its grant sets its own.
+    pub outgoing_http: OutgoingLimits,
 }
 
 impl RuntimeConfig {
@@ -62,6 +65,7 @@ impl RuntimeConfig {
             grants: HashMap::new(),
             restart: RestartPolicy::default(),
             kv: KvLimits::default(),
+            outgoing_http: OutgoingLimits::default(),
         }
     }
 
@@ -78,8 +82,10 @@ impl RuntimeConfig {
         config.handle_limit = settings.handle_limit;
         config.restart.max_backoff = settings.restart_backoff_max;
         config.kv = KvLimits::default().with(settings.kv);
+        config.outgoing_http = OutgoingLimits::default().with(settings.outgoing_http);
         for (name, grant) in &settings.grants {
-            config.grants.insert(name.clone(), grants(name, grant)?);
+            let grants = grants(name, grant, config.outgoing_http)?;
+            config.grants.insert(name.clone(), grants);
         }
         Ok(config)
     }
@@ -91,8 +97,13 @@ fn memory_cap(bytes: u64) -> usize {
 }
 
 /// Turns a `[service.NAME]` table into runtime grants: `dirs` entries are `host[:guest][:ro]`,
-/// with `host` an existing directory, `env` entries `NAME=value`.
-fn grants(name: &str, grant: &GrantConfig) -> Result<Grants, ConfigError> {
+/// with `host` an existing directory, `env` entries `NAME=value`, `http` entries
+/// `scheme://host[:port]`; its outgoing HTTP limits over the host-wide `outgoing_http`.
+fn grants(
+    name: &str,
+    grant: &GrantConfig,
+    outgoing_http: OutgoingLimits,
+) -> Result<Grants, ConfigError> {
     let invalid = |reason: String| ConfigError::Invalid {
         name: "service.*",
         reason: format!("service {name}: {reason}"),
@@ -140,6 +151,17 @@ fn grants(name: &str, grant: &GrantConfig) -> Result<Grants, ConfigError> {
         kv_buckets: grant.kv_buckets.iter().cloned().collect(),
         kv: grant.kv,
         config: ServiceConfig::resolve(name, &grant.config)?,
+        http: Arc::new(
+            HttpPolicy::new(
+                &grant.http,
+                grant.http_ca.as_deref(),
+                outgoing_http.with(grant.outgoing_http),
+            )
+            .map_err(|reason| ConfigError::Invalid {
+                name: "service.*.http",
+                reason: format!("service {name}: {reason}"),
+            })?,
+        ),
     })
 }
 
@@ -164,6 +186,8 @@ pub struct Grants {
     pub kv: KvLimitsConfig,
     /// What `wasi:config/store` gives it.
     pub config: ServiceConfig,
+    /// Where its outgoing HTTP requests may go, and their limits (nowhere by default).
+    pub http: Arc<HttpPolicy>,
 }
 
 impl Grants {
@@ -383,6 +407,7 @@ mod tests {
         let good = grants(
             "s",
             &grant(&[format!("{}:/data:ro", dir.path().display())], &["A=1"]),
+            OutgoingLimits::default(),
         )
         .unwrap();
         assert!(good.dirs[0].read_only);
@@ -394,12 +419,34 @@ mod tests {
             (grant(&[String::new()], &[]), "is not host[:guest][:ro]"),
             (grant(&[], &["=x"]), "has no NAME"),
             (grant(&[], &["NOEQUALS"]), "is not NAME=value"),
+            (
+                GrantConfig {
+                    http: vec!["example.com".into()],
+                    ..GrantConfig::default()
+                },
+                "http entry \"example.com\" has no scheme",
+            ),
+            (
+                GrantConfig {
+                    http: vec!["https://example.com".into()],
+                    http_ca: Some(missing.clone()),
+                    ..GrantConfig::default()
+                },
+                "http-ca",
+            ),
         ];
         for (grant, reason) in cases {
-            let e = grants("s", &grant).unwrap_err().to_string();
+            let e = grants("s", &grant, OutgoingLimits::default())
+                .unwrap_err()
+                .to_string();
             assert!(e.contains("service s") && e.contains(reason), "{e}");
         }
-        let e = grants("s", &grant(&[missing.display().to_string()], &[])).unwrap_err();
+        let e = grants(
+            "s",
+            &grant(&[missing.display().to_string()], &[]),
+            OutgoingLimits::default(),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains(&*missing.to_string_lossy()), "{e}");
     }
 

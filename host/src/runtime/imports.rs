@@ -11,10 +11,12 @@ use wasmtime::component::{HasSelf, Linker, Resource, ResourceTable};
 use wasmtime::{Engine, Store, StoreLimitsBuilder, UpdateDeadline};
 use wasmtime_wasi::p2::{DynPollable, Pollable, subscribe};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder};
+use wasmtime_wasi_http::WasiHttpCtx;
 
 use super::RuntimeError;
 use super::config::{Grants, RuntimeConfig};
 use super::fence::{self, Fenced};
+use super::outgoing::{OutgoingHttp, link_handle};
 use super::output::{LogOutput, Stdio, guest_lines, guest_text};
 use super::state::{Host, KvAccess, ServiceEnv};
 use crate::problem::Problem;
@@ -23,8 +25,8 @@ use super::bindings::service::vvm::host::{kv, lease, log};
 use super::bindings::service::wasi::keyvalue::{atomics, batch, store as keyvalue};
 
 /// The linker every service is instantiated with: WASI 0.2, `vvm:host`, `wasi:keyvalue`
-/// (`@0.2.0-draft2` and `@0.2.0-draft`) and `wasi:config/store` (`@0.2.0-draft` and
-/// `@0.2.0-rc.1`).
+/// (`@0.2.0-draft2` and `@0.2.0-draft`), `wasi:config/store` (`@0.2.0-draft` and
+/// `@0.2.0-rc.1`) and `wasi:http` (`types` and `outgoing-handler`, denied by default).
 pub(crate) fn linker(engine: &Engine) -> Result<Linker<Host>, RuntimeError> {
     let mut linker = Linker::new(engine);
     add_imports(&mut linker).map_err(RuntimeError::Engine)?;
@@ -41,6 +43,8 @@ fn add_imports(linker: &mut Linker<Host>) -> wasmtime::Result<()> {
     batch::add_to_linker::<_, HasSelf<_>>(linker, |h| h)?;
     super::keyvalue::add_draft_to_linker(linker)?;
     super::wasi_config::add_to_linker(linker)?;
+    wasmtime_wasi_http::p2::add_only_http_to_linker_async(linker)?;
+    link_handle(linker, |h| &mut h.http)?;
     fence::shadow(linker)
 }
 
@@ -71,6 +75,15 @@ pub(crate) fn new_store(
                 .unwrap_or_default(),
         },
         config: grants.map(|g| g.config.clone()).unwrap_or_default(),
+        http: OutgoingHttp::new(
+            &env.name,
+            &env.lease,
+            env.deadline.clone(),
+            env.ops.clone(),
+            grants.map(|g| Arc::clone(&g.http)).unwrap_or_default(),
+            Arc::clone(&env.http_in_flight),
+        ),
+        http_ctx: WasiHttpCtx::new(),
     };
     let mut store = Store::new(engine, host);
     store.limiter(|h| &mut h.limits);

@@ -1,5 +1,7 @@
 //! The wasmtime host (SPEC §6, §7): components, sandboxes, fencing at the boundary, supervision.
 //!
+//! - `outgoing`: outgoing `wasi:http`: the allow-list, the address guard, our connector, the
+//!   fence around each exchange, the fencing-token headers, the limits.
 //! - `config`: [`RuntimeConfig`] (directories, limits, grants, restart policy).
 //! - `stacks`: the fiber stacks of the on-demand allocator, mapped once and reused.
 //! - `handles`: how many handles an instance may hold, and the guests' share of the
@@ -28,7 +30,8 @@
 //! - `reconcile`: the running services of one leadership, following the catalogue.
 //! - `wasm_services`: [`WasmServices`], the [`crate::services::Services`] the lifecycle starts.
 //!
-//! Dependencies point one way, in this order (each uses only modules before it): `config`,
+//! Dependencies point one way, in this order (each uses only modules before it): `outgoing`,
+//! `config`,
 //! `handles`, `stacks`, `engine`, `state`, `fence`, `output`, `bindings`, `keyvalue`,
 //! `wasi_config`, `imports`, `cache`, `component`, `restart`, `supervisor`, `debounce`,
 //! `live_dir`, `reconcile`, `wasm_services`.
@@ -44,6 +47,7 @@ mod handles;
 mod imports;
 mod keyvalue;
 mod live_dir;
+mod outgoing;
 mod output;
 mod progress;
 mod reconcile;
@@ -57,6 +61,7 @@ mod wasm_services;
 pub use component::{LoadError, LoadErrorKind, LoadStats, ServiceKind};
 pub use config::{DirGrant, Grants, KvLimits, RestartPolicy, RuntimeConfig};
 pub use handles::raise_descriptor_limit;
+pub use outgoing::{AllowList, HttpPolicy, LEASE_HEADER, OutgoingLimits, TOKEN_HEADER};
 pub use wasm_services::{CheckReport, WasmServices, check};
 
 use std::path::PathBuf;

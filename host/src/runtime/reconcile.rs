@@ -24,6 +24,7 @@ use super::Grants;
 use super::component::Loaded;
 use super::engine::Runtime;
 use super::live_dir::Catalogue;
+use super::outgoing::{HttpPolicy, OutgoingHttp};
 use super::restart::Tracker;
 use super::state::{ServiceEnv, WriteBudget};
 use super::supervisor::{FirstStart, supervise};
@@ -130,6 +131,8 @@ impl Reconciler {
     fn start(&mut self, svc: &Arc<Loaded>) -> oneshot::Receiver<()> {
         let stop = self.stop.child_token();
         let ctx = &self.ctx;
+        let grants = self.rt.grants();
+        let grants = grants.get(&svc.name);
         let env = Arc::new(ServiceEnv {
             name: svc.name.as_str().into(),
             lease: ctx.lease.clone(),
@@ -139,9 +142,11 @@ impl Reconciler {
             store: Arc::clone(&ctx.store),
             ops: self.rt.ops.clone(),
             kv_budget: Mutex::new(WriteBudget::full(
-                Grants::kv_limits(self.rt.grants().get(&svc.name), self.rt.config.kv)
-                    .writes_per_second,
+                Grants::kv_limits(grants, self.rt.config.kv).writes_per_second,
             )),
+            http_in_flight: OutgoingHttp::in_flight_limit(
+                grants.map_or(&HttpPolicy::default(), |g| &g.http),
+            ),
         });
         let (created, rx) = oneshot::channel();
         let first = FirstStart {

@@ -7,12 +7,15 @@
 
 use std::sync::{Arc, Mutex};
 
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use wasmtime::StoreLimits;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::config::{KvLimits, ServiceConfig};
+use super::outgoing::OutgoingHttp;
 use crate::lease::LeaseDeadline;
 use crate::ops::Ops;
 use crate::problem::ProblemReporter;
@@ -38,6 +41,8 @@ pub(crate) struct ServiceEnv {
     /// The key-value writes the service may still make now (a token bucket refilled at its
     /// rate limit), shared by its instances.
     pub kv_budget: Mutex<WriteBudget>,
+    /// Its outgoing HTTP requests in flight, shared by its instances.
+    pub http_in_flight: Arc<Semaphore>,
 }
 
 /// A token bucket: `rate` tokens per second, at most `rate` saved up.
@@ -118,6 +123,10 @@ pub(crate) struct Host {
     pub(super) kv: KvAccess,
     /// What `wasi:config/store` answers.
     pub(super) config: ServiceConfig,
+    /// Its outgoing HTTP: where requests may go, and how each is sent and fenced.
+    pub(super) http: OutgoingHttp,
+    /// `wasmtime-wasi-http`'s own state.
+    pub(super) http_ctx: WasiHttpCtx,
 }
 
 impl Host {
@@ -137,6 +146,16 @@ impl WasiView for Host {
         WasiCtxView {
             ctx: &mut self.wasi,
             table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for Host {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            hooks: &mut self.http,
+            table: &mut self.table,
+            ctx: &mut self.http_ctx,
         }
     }
 }
@@ -179,6 +198,7 @@ pub(crate) mod tests {
             store: Arc::new(store),
             ops: Ops::new(Arc::new(clock.clone())),
             kv_budget: Mutex::new(WriteBudget::full(KvLimits::default().writes_per_second)),
+            http_in_flight: Arc::new(Semaphore::new(1)),
         };
         (clock, Arc::new(env))
     }
@@ -193,6 +213,15 @@ pub(crate) mod tests {
             limits: StoreLimits::default(),
             kv: access,
             config: ServiceConfig::default(),
+            http: OutgoingHttp::new(
+                &env.name,
+                &env.lease,
+                env.deadline.clone(),
+                env.ops.clone(),
+                Arc::default(),
+                Arc::clone(&env.http_in_flight),
+            ),
+            http_ctx: WasiHttpCtx::new(),
         }
     }
 }

@@ -5,6 +5,19 @@
 //!
 //! `EFFECT` names the effect (see [`prepare`]); the granted directory is `/data`, holding a
 //! file `existing` and an empty directory `emptydir`; sockets use `EFFECT_ADDR` (`ip:port`).
+//!
+//! The `wasi:http` effects (see [`http::prepare`]) send to `http://EFFECT_ADDR/fx` and need
+//! no directory:
+//! - `http-handle`: a POST without a body is prepared; the effect is
+//!   `outgoing-handler.handle`.
+//! - `http-body-write`: a POST with `content-length: 16` is sent before the stop (its head
+//!   may reach the server) and its body stream taken; the effect is writing the 16 bytes
+//!   `fenced-body-data` (`blocking-write-and-flush`), then the body is finished.
+//! - `http-pending`: a GET is sent before the stop (the server holds its response back); the
+//!   effect is blocking on its `future-incoming-response` pollable, then `get`.
+//!
+//! After `handle` and the body write, the guest waits up to 2 s for the response, so that a
+//! request allowed through is not cancelled by the guest returning first.
 
 use vvm_guest::wasi::clocks::wall_clock::Datetime;
 use vvm_guest::wasi::filesystem::preopens;
@@ -17,6 +30,8 @@ use vvm_guest::wasi::sockets::network::{
 use vvm_guest::wasi::sockets::udp::OutgoingDatagram;
 use vvm_guest::wasi::sockets::{instance_network, tcp_create_socket, udp_create_socket};
 use vvm_guest::{Guest, kv, lease};
+
+mod http;
 
 struct Effects;
 
@@ -201,7 +216,11 @@ fn prepare(effect: &str) -> Result<Act, String> {
 impl Guest for Effects {
     fn run() -> Result<(), String> {
         let effect = std::env::var("EFFECT").map_err(|_| "EFFECT not granted".to_owned())?;
-        let act = prepare(&effect)?;
+        let act = if effect.starts_with("http-") {
+            http::prepare(&effect)?
+        } else {
+            prepare(&effect)?
+        };
         kv::set("ready", b"1")?;
         lease::stopping().block();
         act()

@@ -26,7 +26,7 @@ impl Guest for Journal {
             // One write per line: lines of two hosts never interleave within a line.
             file.write_all(format!("{term} {seq}\n").as_bytes())
                 .map_err(|e| format!("append: {e}"))?;
-            if seq % 25 == 0 {
+            if seq.is_multiple_of(25) {
                 println!("journal {term} {seq}");
                 kv::set("seq", seq.to_string().as_bytes())?;
             }

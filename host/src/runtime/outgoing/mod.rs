@@ -1,0 +1,498 @@
+//! Outgoing HTTP for guests (SPEC §10): `wasi:http/outgoing-handler` through
+//! `wasmtime-wasi-http`, with our own `send_request` hook ([`OutgoingHttp`]).
+//!
+//! Every path a request takes, and what holds it:
+//! - `handle`, and every later call of the guest's (a body write, reading the response), is a
+//!   host call: the per-call fence (`fence`) traps it past the lease deadline.
+//! - Deny by default: a request goes only where the service's allow-list (`allow`) lets it;
+//!   else it fails with `HTTP-request-denied` inside `handle`, before any connection, and one
+//!   log line names the service and the host. A name that a wildcard let through may not
+//!   resolve to loopback, link-local or unspecified addresses (`connect`).
+//! - The exchange runs on a task of the crate's after `handle` returns: connect, TLS, sending
+//!   and the response head are raced against the deadline ([`LeaseDeadline::passed`]) and
+//!   dropped when it passes; so is the connection's task, which sends the body and reads the
+//!   response body; every request-body frame is checked just before it goes out
+//!   ([`body::FencedBody`]), and the response body ends at the deadline.
+//! - What is left is what the kernel took before the deadline (the socket's send buffer), as
+//!   for a granted TCP socket. The fencing token closes it for a downstream that checks: every
+//!   request carries `vvm-fencing-token: <term>` and `vvm-lease: <key>`, which a guest can
+//!   neither set nor remove.
+//! - Limits: requests in flight per service, connect, first-byte and between-bytes timeouts
+//!   ([`OutgoingLimits`]); a guest's own `request-options` can only shorten them.
+
+mod allow;
+mod body;
+mod connect;
+mod handle;
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hyper::header::{HeaderName, HeaderValue};
+use hyper::{Request, Response};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use wasmtime_wasi_http::io::TokioIo;
+use wasmtime_wasi_http::p2::bindings::http::types::ErrorCode;
+use wasmtime_wasi_http::{
+    DEFAULT_FORBIDDEN_HEADERS, Error, ForbiddenHeaderFilter, RequestOptions, WasiBody,
+    WasiHttpHooks,
+};
+
+pub use allow::AllowList;
+use body::{FencedBody, ResponseBody, fenced};
+use connect::Target;
+pub(crate) use handle::link_handle;
+
+use crate::config::OutgoingHttpConfig;
+use crate::lease::LeaseDeadline;
+use crate::ops::{HttpOutcome, Ops};
+use crate::services::LeaseInfo;
+
+/// The header carrying the lease term a request was sent under (the fencing token).
+pub const TOKEN_HEADER: HeaderName = HeaderName::from_static("vvm-fencing-token");
+/// The header naming the lease the term belongs to (`slot/1`, `service/NAME`).
+pub const LEASE_HEADER: HeaderName = HeaderName::from_static("vvm-lease");
+
+/// Limits on a service's outgoing HTTP requests (SPEC §10).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OutgoingLimits {
+    /// Requests in flight at once (from `handle` until the response body is read or
+    /// dropped); more wait for one to end. Default 16.
+    pub max_concurrent: u32,
+    /// The longest name lookup, TCP connect and TLS handshake together. Default 10 s.
+    pub connect_timeout: Duration,
+    /// The longest wait for the response head once connected. Default 60 s.
+    pub first_byte_timeout: Duration,
+    /// The longest wait between two pieces of the response body. Default 60 s.
+    pub between_bytes_timeout: Duration,
+}
+
+impl Default for OutgoingLimits {
+    fn default() -> Self {
+        Self {
+            max_concurrent: 16,
+            connect_timeout: Duration::from_secs(10),
+            first_byte_timeout: Duration::from_mins(1),
+            between_bytes_timeout: Duration::from_mins(1),
+        }
+    }
+}
+
+impl OutgoingLimits {
+    /// These limits with those `table` sets (`[outgoing-http]`, `[service.NAME.outgoing-http]`)
+    /// in their place.
+    #[must_use]
+    pub fn with(self, table: OutgoingHttpConfig) -> Self {
+        Self {
+            max_concurrent: table.max_concurrent.unwrap_or(self.max_concurrent),
+            connect_timeout: table.connect_timeout.unwrap_or(self.connect_timeout),
+            first_byte_timeout: table.first_byte_timeout.unwrap_or(self.first_byte_timeout),
+            between_bytes_timeout: table
+                .between_bytes_timeout
+                .unwrap_or(self.between_bytes_timeout),
+        }
+    }
+
+    /// The timeouts of one request: these, or shorter ones the guest asked for.
+    fn shortened_by(self, options: Option<RequestOptions>) -> Self {
+        let min = |ours: Duration, theirs: Option<Duration>| theirs.map_or(ours, |t| t.min(ours));
+        let options = options.unwrap_or_default();
+        Self {
+            connect_timeout: min(self.connect_timeout, options.connect_timeout),
+            first_byte_timeout: min(self.first_byte_timeout, options.first_byte_timeout),
+            between_bytes_timeout: min(self.between_bytes_timeout, options.between_bytes_timeout),
+            ..self
+        }
+    }
+}
+
+/// Where a service may send requests and how: its allow-list, TLS roots and limits. Made
+/// once per settings (the CA file is read then) and shared by its instances.
+#[derive(Clone, Default)]
+pub struct HttpPolicy {
+    allow: AllowList,
+    /// `http-ca`, if set; `None` with no allow-list too (nothing is ever sent).
+    ca: Option<PathBuf>,
+    tls: Option<Arc<rustls::ClientConfig>>,
+    limits: OutgoingLimits,
+}
+
+impl HttpPolicy {
+    /// The policy of a service whose `http` list is `entries` and `http-ca` is `ca`.
+    ///
+    /// # Errors
+    /// Naming the entry or the CA file that cannot work, and why.
+    pub fn new(
+        entries: &[String],
+        ca: Option<&Path>,
+        limits: OutgoingLimits,
+    ) -> Result<Self, String> {
+        let allow = AllowList::parse(entries)?;
+        let tls = if entries.is_empty() && ca.is_none() {
+            None
+        } else {
+            Some(connect::tls_config(ca).map_err(|e| format!("http-ca {e}"))?)
+        };
+        Ok(Self {
+            allow,
+            ca: ca.map(Path::to_owned),
+            tls,
+            limits,
+        })
+    }
+
+    /// Its limits.
+    pub fn limits(&self) -> OutgoingLimits {
+        self.limits
+    }
+}
+
+impl PartialEq for HttpPolicy {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.allow, &self.ca, self.limits) == (&other.allow, &other.ca, other.limits)
+    }
+}
+
+impl Eq for HttpPolicy {}
+
+impl std::fmt::Debug for HttpPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpPolicy")
+            .field("allow", &self.allow)
+            .field("ca", &self.ca)
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One instance's outgoing HTTP: `wasmtime-wasi-http`'s hooks, with the service's policy,
+/// its lease, and the requests in flight that its instances share.
+pub(crate) struct OutgoingHttp {
+    service: Arc<str>,
+    token: HeaderValue,
+    lease: HeaderValue,
+    deadline: LeaseDeadline,
+    ops: Ops,
+    policy: Arc<HttpPolicy>,
+    in_flight: Arc<Semaphore>,
+    /// The origins denied so far and said at warn level.
+    denied: HashSet<(bool, String, u16)>,
+}
+
+impl OutgoingHttp {
+    /// The hooks of an instance of `service` under `lease` with `policy`; `in_flight` is
+    /// shared by every instance of the service.
+    pub(crate) fn new(
+        service: &Arc<str>,
+        lease: &LeaseInfo,
+        deadline: LeaseDeadline,
+        ops: Ops,
+        policy: Arc<HttpPolicy>,
+        in_flight: Arc<Semaphore>,
+    ) -> Self {
+        Self {
+            service: Arc::clone(service),
+            token: HeaderValue::from(lease.term),
+            // A lease key is ASCII (`slot/N`, `service/NAME`); a bad one sends no name.
+            lease: HeaderValue::from_str(&lease.key).unwrap_or(HeaderValue::from_static("")),
+            deadline,
+            ops,
+            policy,
+            in_flight,
+            denied: HashSet::new(),
+        }
+    }
+
+    /// The limit on requests in flight for a service with `policy`, shared by its instances.
+    pub(crate) fn in_flight_limit(policy: &HttpPolicy) -> Arc<Semaphore> {
+        Arc::new(Semaphore::new(policy.limits.max_concurrent as usize))
+    }
+}
+
+/// What `send_request` hands back: the response, and the task that drives the connection.
+type Sent = (
+    Response<WasiBody>,
+    Box<dyn Future<Output = Result<(), Error>> + Send>,
+);
+
+impl WasiHttpHooks for OutgoingHttp {
+    fn forbidden_header_filter(&mut self) -> ForbiddenHeaderFilter {
+        Arc::new(|name| {
+            *name == TOKEN_HEADER
+                || *name == LEASE_HEADER
+                || DEFAULT_FORBIDDEN_HEADERS.contains(name)
+        })
+    }
+
+    fn send_request(
+        &mut self,
+        mut request: Request<WasiBody>,
+        options: Option<RequestOptions>,
+        _response_errors: Box<dyn Future<Output = Result<(), Error>> + Send>,
+    ) -> Box<dyn Future<Output = Result<Sent, Error>> + Send> {
+        let started = Instant::now();
+        let Some(target) = target_of(request.uri()) else {
+            return Box::new(async { Err(Error::HttpRequestUriInvalid) });
+        };
+        // `handle` has denied what the list does not name (`handle.rs`); asked again for
+        // how the list names it, and so that no path past `handle` skips it.
+        let (Some(by), Some(tls)) = (self.admit(&target), self.policy.tls.clone()) else {
+            return Box::new(async { Err(Error::HttpRequestDenied) });
+        };
+        // Set here, after the guest's headers: whatever it tried, these are the host's.
+        let headers = request.headers_mut();
+        headers.insert(TOKEN_HEADER, self.token.clone());
+        headers.insert(LEASE_HEADER, self.lease.clone());
+        let exchange = Exchange {
+            service: Arc::clone(&self.service),
+            ops: self.ops.clone(),
+            deadline: self.deadline.clone(),
+            in_flight: Arc::clone(&self.in_flight),
+            limits: self.policy.limits.shortened_by(options),
+            tls,
+            literal: by.literal,
+            target,
+        };
+        Box::new(exchange.run(request, started))
+    }
+
+    fn p2_error_from_hyper(&mut self, err: &hyper::Error) -> ErrorCode {
+        tracing::debug!(service = &*self.service, error = %err, "outgoing HTTP request failed");
+        if err.is_incomplete_message() {
+            ErrorCode::HttpResponseIncomplete
+        } else {
+            ErrorCode::HttpProtocolError
+        }
+    }
+
+    fn p2_error_from_connect(&mut self, err: &std::io::Error) -> ErrorCode {
+        tracing::debug!(service = &*self.service, error = %err, "outgoing HTTP connect failed");
+        match err.kind() {
+            std::io::ErrorKind::TimedOut => ErrorCode::ConnectionTimeout,
+            std::io::ErrorKind::HostUnreachable | std::io::ErrorKind::NetworkUnreachable => {
+                ErrorCode::DestinationUnavailable
+            }
+            _ => ErrorCode::ConnectionRefused,
+        }
+    }
+
+    fn p2_error_from_tls(&mut self, err: &std::io::Error) -> ErrorCode {
+        tracing::debug!(service = &*self.service, error = %err, "outgoing HTTP TLS failed");
+        let certificate = err
+            .get_ref()
+            .and_then(|e| e.downcast_ref::<rustls::Error>())
+            .is_some_and(|e| matches!(e, rustls::Error::InvalidCertificate(_)));
+        if certificate {
+            ErrorCode::TlsCertificateError
+        } else {
+            ErrorCode::TlsProtocolError
+        }
+    }
+}
+
+impl OutgoingHttp {
+    /// Whether the allow-list lets a request to `target` go, and how it names it; a denial is
+    /// counted, and logged at warn the first time for each origin in this instance (at
+    /// debug after that: a guest retrying in a loop cannot flood the log).
+    fn admit(&mut self, target: &Target) -> Option<allow::AllowedBy> {
+        let by = self
+            .policy
+            .allow
+            .check(target.https, &target.host, target.port);
+        if by.is_none() {
+            self.ops
+                .http_request(&self.service, HttpOutcome::Denied, None);
+            let origin = (target.https, target.host.clone(), target.port);
+            let first = self.denied.len() < MAX_DENIED_SAID && self.denied.insert(origin);
+            let (service, host, port, https) =
+                (&*self.service, &target.host, target.port, target.https);
+            if first {
+                tracing::warn!(
+                    service,
+                    host,
+                    port,
+                    https,
+                    "outgoing HTTP request denied: not in the service's http allow-list"
+                );
+            } else {
+                tracing::debug!(
+                    service,
+                    host,
+                    port,
+                    https,
+                    "outgoing HTTP request denied: not in the service's http allow-list"
+                );
+            }
+        }
+        by
+    }
+}
+
+/// How many denied origins an instance says at warn level.
+const MAX_DENIED_SAID: usize = 64;
+
+/// Where a request's URL points; `None` without a host.
+fn target_of(uri: &hyper::Uri) -> Option<Target> {
+    let https = uri.scheme() == Some(&hyper::http::uri::Scheme::HTTPS);
+    let host = uri.host()?;
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    Some(Target {
+        https,
+        host: host.to_owned(),
+        port: uri.port_u16().unwrap_or_else(|| allow::default_port(https)),
+    })
+}
+
+/// One request on its way, off the guest's call.
+struct Exchange {
+    service: Arc<str>,
+    ops: Ops,
+    deadline: LeaseDeadline,
+    in_flight: Arc<Semaphore>,
+    limits: OutgoingLimits,
+    tls: Arc<rustls::ClientConfig>,
+    literal: bool,
+    target: Target,
+}
+
+impl Exchange {
+    /// Sends `request` and waits for the response head, raced against the deadline; counts
+    /// and logs how it ended.
+    async fn run(self, request: Request<WasiBody>, started: Instant) -> Result<Sent, Error> {
+        let deadline = self.deadline.clone();
+        let method = request.method().clone();
+        let result = tokio::select! {
+            biased;
+            () = deadline.passed() => Err(fenced()),
+            result = self.head(request) => result,
+        };
+        let took = started.elapsed();
+        let outcome = match &result {
+            Ok(_) => HttpOutcome::Ok,
+            Err(_) if deadline.has_passed() => HttpOutcome::Fenced,
+            Err(
+                Error::ConnectionTimeout
+                | Error::ConnectionReadTimeout
+                | Error::HttpResponseTimeout
+                | Error::DnsTimeout,
+            ) => HttpOutcome::Timeout,
+            Err(_) => HttpOutcome::Error,
+        };
+        self.ops.http_request(&self.service, outcome, Some(took));
+        let service = &*self.service;
+        let host = &self.target.host;
+        let duration_ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
+        match &result {
+            Ok((response, _)) => {
+                let status = response.status().as_u16();
+                tracing::debug!(service, %method, host, status, duration_ms, "outgoing HTTP request");
+            }
+            Err(_) if outcome == HttpOutcome::Fenced => {
+                self.ops.effect_refused(service);
+                tracing::warn!(
+                    service,
+                    what = "outgoing HTTP request",
+                    host,
+                    "effect refused: lease deadline passed"
+                );
+            }
+            Err(error) => {
+                tracing::debug!(service, %method, host, %error, duration_ms, "outgoing HTTP request failed");
+            }
+        }
+        result
+    }
+
+    /// Connects, sends `request`, and returns the response head with the task that drives
+    /// the connection on (which holds the request's place among those in flight).
+    async fn head(&self, request: Request<WasiBody>) -> Result<Sent, Error> {
+        let permit = Arc::clone(&self.in_flight)
+            .acquire_owned()
+            .await
+            .map_err(|_| Error::ConnectionLimitReached)?;
+        let (mut sender, conn) = tokio::time::timeout(self.limits.connect_timeout, async {
+            let addrs = connect::resolve(&self.target, self.literal).await?;
+            let stream = connect::connect(&self.target, &addrs, &self.tls).await?;
+            hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .map_err(Error::from)
+        })
+        .await
+        .map_err(|_| Error::ConnectionTimeout)??;
+        let (mut parts, body) = request.into_parts();
+        // On the wire the request line names the path only (the URL's host is in `host`).
+        parts.uri = parts.uri.path_and_query().map_or_else(
+            || hyper::Uri::from_static("/"),
+            |p| hyper::Uri::from(p.clone()),
+        );
+        let body = FencedBody {
+            inner: body,
+            deadline: self.deadline.clone(),
+        };
+        let send = tokio::time::timeout(
+            self.limits.first_byte_timeout,
+            sender.send_request(Request::from_parts(parts, body)),
+        );
+        let mut conn = Box::pin(conn);
+        let mut send = std::pin::pin!(send);
+        // The connection is driven while the head is awaited, as `default_send_request` does.
+        let mut conn_ended = false;
+        let response = loop {
+            tokio::select! {
+                sent = &mut send => break sent.map_err(|_| Error::ConnectionReadTimeout)??,
+                ended = &mut conn, if !conn_ended => {
+                    conn_ended = true;
+                    ended?;
+                }
+            }
+        };
+        let deadline = self.deadline.clone();
+        let between_bytes = self.limits.between_bytes_timeout;
+        let response = response
+            .map(|incoming| ResponseBody::new(incoming, deadline.clone(), between_bytes).boxed());
+        let driver = drive(
+            conn,
+            conn_ended,
+            deadline,
+            permit,
+            Arc::clone(&self.service),
+        );
+        Ok((response, Box::new(driver)))
+    }
+}
+
+/// Drives a connection until it ends or the deadline passes, holding its place among the
+/// requests in flight. Its errors reach the guest through the response body; here they are
+/// logged at debug with the service, never as the crate's untagged warnings.
+async fn drive(
+    conn: impl Future<Output = Result<(), hyper::Error>>,
+    ended: bool,
+    deadline: LeaseDeadline,
+    permit: OwnedSemaphorePermit,
+    service: Arc<str>,
+) -> Result<(), Error> {
+    let _in_flight = permit;
+    if ended {
+        return Ok(());
+    }
+    tokio::select! {
+        biased;
+        () = deadline.passed() => {
+            tracing::debug!(service = &*service, "outgoing HTTP connection dropped at the lease deadline");
+        }
+        result = conn => {
+            if let Err(error) = result {
+                tracing::debug!(service = &*service, %error, "outgoing HTTP connection failed");
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;
