@@ -29,12 +29,22 @@ pub(super) struct Target {
 
 /// Whether a request to an address that a wildcard entry let through must be refused:
 /// loopback, link-local (the cloud metadata address 169.254.169.254 among them), unspecified
-/// and `0.0.0.0/8` (which Linux connects to loopback), also as IPv4-mapped IPv6.
+/// and `0.0.0.0/8` (which Linux connects to loopback), also as IPv4-mapped IPv6; and the
+/// cloud metadata addresses outside those ranges (AWS's IPv6 `fd00:ec2::254`, Alibaba's
+/// `100.100.100.200`).
 pub(super) fn is_guarded(ip: IpAddr) -> bool {
+    const METADATA_V4: std::net::Ipv4Addr = std::net::Ipv4Addr::new(100, 100, 100, 200);
+    const METADATA_V6: std::net::Ipv6Addr =
+        std::net::Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254);
     match ip.to_canonical() {
-        IpAddr::V4(a) => a.is_loopback() || a.is_link_local() || a.octets()[0] == 0,
+        IpAddr::V4(a) => {
+            a.is_loopback() || a.is_link_local() || a.octets()[0] == 0 || a == METADATA_V4
+        }
         IpAddr::V6(a) => {
-            a.is_loopback() || a.is_unspecified() || (a.segments()[0] & 0xffc0) == 0xfe80
+            a.is_loopback()
+                || a.is_unspecified()
+                || (a.segments()[0] & 0xffc0) == 0xfe80
+                || a == METADATA_V6
         }
     }
 }
@@ -173,6 +183,8 @@ mod tests {
             "fe80::1",
             "::ffff:127.0.0.1",
             "::ffff:169.254.169.254",
+            "fd00:ec2::254",
+            "100.100.100.200",
         ] {
             assert!(is_guarded(ip.parse().unwrap()), "{ip}");
         }
