@@ -244,7 +244,7 @@ fn soak(faults: usize, store: &str) {
 }
 
 /// Adds the `tokens` service to a [`journal_dir`]: the `test/http-client` guest posting
-/// `TERM SEQ` every 2 ms to the returned server, which records each request's
+/// `TERM SEQ` every 5 ms to the returned server, which records each request's
 /// `vvm-fencing-token` in the order it arrived.
 fn add_token_poster(dir: &Path) -> testkit::http::Server {
     let server = testkit::http::Server::start(testkit::http::Behaviour::default());
@@ -256,7 +256,7 @@ fn add_token_poster(dir: &Path) -> testkit::http::Server {
     .unwrap();
     let origin = format!("http://127.0.0.1:{}", server.port());
     let table = format!(
-        "[service.tokens]\nhttp = [\"{origin}\"]\nenv = [\"URL={origin}/t\", \"MODE=token\", \"EVERY_MS=2\"]\n"
+        "[service.tokens]\nhttp = [\"{origin}\"]\nenv = [\"URL={origin}/t\", \"MODE=token\", \"EVERY_MS=5\"]\n"
     );
     let mut toml = std::fs::read_to_string(dir.join("vvm.toml")).unwrap();
     toml.push_str(&table);

@@ -184,6 +184,9 @@ fn js_example_counts_under_its_term_stops_on_sigterm_and_restarts_from_cache() {
 #[test]
 fn each_example_tells_its_notify_url_with_the_fencing_token() {
     const EXAMPLES: [&str; 3] = ["rust-counter", "python-ticker", "js-ticker"];
+    // Compiling the Python and JavaScript components at once takes both cores for seconds:
+    // not beside a test that holds a 1 s lease.
+    let _heavy = crate::one_heavy_test_at_a_time();
     let server = testkit::http::Server::start(testkit::http::Behaviour::default());
     let origin = format!("http://127.0.0.1:{}", server.port());
     let dir = tempfile::tempdir().unwrap();
