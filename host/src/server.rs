@@ -357,6 +357,8 @@ fn needs_restart(a: &Settings, b: &Settings) -> Vec<&'static str> {
         ("handle-limit", a.handle_limit != b.handle_limit),
         ("cache-dir", a.cache_dir != b.cache_dir),
         ("metrics-addr", a.metrics_addr != b.metrics_addr),
+        ("http-addr", a.http_addr != b.http_addr),
+        ("incoming-http", a.incoming_http != b.incoming_http),
         ("lock-dir", a.lock_dir != b.lock_dir),
         ("placement", a.placement != b.placement),
         (

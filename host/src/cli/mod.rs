@@ -97,7 +97,10 @@ Examples:
   vvm-host serve --config vvm.toml
 
   # Serve /healthz, /leader (200 only on a leader) and Prometheus /metrics
-  vvm-host serve --metrics-addr 127.0.0.1:9464";
+  vvm-host serve --metrics-addr 127.0.0.1:9464
+
+  # Serve HTTP components (wasi:http/proxy) while leading; hello.wasm answers /hello/...
+  vvm-host serve --http-addr 0.0.0.0:8080";
 
 const STATUS_EXAMPLES: &str = "\
 Examples:
@@ -206,6 +209,11 @@ pub struct ServeArgs {
     /// [default: off].
     #[arg(long, env = "VVM_METRICS_ADDR", value_name = "ADDR", value_parser = config::parse_metrics_addr)]
     pub metrics_addr: Option<SocketAddr>,
+    /// Serve the HTTP services (components exporting wasi:http/incoming-handler) on this
+    /// address while this host leads, e.g. 0.0.0.0:8080; a standby does not listen [default:
+    /// off].
+    #[arg(long, env = "VVM_HTTP_ADDR", value_name = "ADDR", value_parser = config::parse_http_addr)]
+    pub http_addr: Option<SocketAddr>,
     /// Directory of the crash locks, shared by the hosts of one machine: a standby there takes
     /// over from a killed leader at once [default: <store>.holders for redb; none for etcd].
     #[arg(long, env = "VVM_LOCK_DIR", value_name = "DIR")]
@@ -264,6 +272,7 @@ impl ServeArgs {
             handle_limit: self.handle_limit,
             cache_dir: self.cache_dir.clone(),
             metrics_addr: self.metrics_addr,
+            http_addr: self.http_addr,
             lock_dir: self.lock_dir.clone(),
             placement: self.placement,
             restart_backoff_max: self.restart_backoff_max,

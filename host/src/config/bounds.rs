@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::error::ConfigError;
-use super::service::{GrantConfig, KvLimitsConfig, OutgoingHttpConfig};
+use super::service::{GrantConfig, IncomingHttpConfig, KvLimitsConfig, OutgoingHttpConfig};
 
 /// The wait before a failed service's first restart; each failure in a row doubles it.
 pub const RESTART_BACKOFF_INITIAL: Duration = Duration::from_millis(100);
@@ -51,6 +51,14 @@ pub const MIN_OUTGOING_TIMEOUT: Duration = Duration::from_millis(1);
 /// The longest outgoing HTTP timeout: a request still waiting after an hour holds a slot of
 /// its service's concurrency for nothing.
 pub const MAX_OUTGOING_TIMEOUT: Duration = Duration::from_hours(1);
+
+/// The most requests one HTTP service may be served at once.
+pub const MAX_INCOMING_CONCURRENT: u32 = 100_000;
+/// The shortest incoming request timeout.
+pub const MIN_INCOMING_TIMEOUT: Duration = Duration::from_millis(1);
+/// The longest incoming request timeout: a request still running after an hour holds a
+/// store and a slot of its service's concurrency for nothing.
+pub const MAX_INCOMING_TIMEOUT: Duration = Duration::from_hours(1);
 
 /// The values [`validate`] bounds.
 #[derive(Clone, Copy, Debug)]
@@ -184,6 +192,12 @@ pub(super) fn check_services(grants: &BTreeMap<String, GrantConfig>) -> Result<(
                 reason: format!("service {name}: bucket {bucket:?} {reason}"),
             })?;
         }
+        if let Some(route) = &grant.route {
+            super::route::Route::parse(route).map_err(|reason| ConfigError::Invalid {
+                name: "service.*.route",
+                reason: format!("service {name}: route {route:?} {reason}"),
+            })?;
+        }
         if let Some(key) = grant.config.keys().find(|k| k.is_empty()) {
             return Err(ConfigError::Invalid {
                 name: "service.*.config",
@@ -271,6 +285,37 @@ pub(super) fn check_outgoing_http(
                 show(MAX_OUTGOING_TIMEOUT)
             ));
         }
+    }
+    Ok(())
+}
+
+/// Checks the limits of `[incoming-http]`.
+///
+/// # Errors
+/// Naming the setting, the limit and its bounds.
+pub(super) fn check_incoming_http(limits: &IncomingHttpConfig) -> Result<(), ConfigError> {
+    let invalid = |reason: String| {
+        Err(ConfigError::Invalid {
+            name: "incoming-http",
+            reason,
+        })
+    };
+    if let Some(n) = limits.max_concurrent
+        && !(1..=MAX_INCOMING_CONCURRENT).contains(&n)
+    {
+        return invalid(format!(
+            "max-concurrent = {n} is out of range 1..={MAX_INCOMING_CONCURRENT}"
+        ));
+    }
+    if let Some(d) = limits.request_timeout
+        && !(MIN_INCOMING_TIMEOUT..=MAX_INCOMING_TIMEOUT).contains(&d)
+    {
+        return invalid(format!(
+            "request-timeout = {} is out of range {}..={}",
+            show(d),
+            show(MIN_INCOMING_TIMEOUT),
+            show(MAX_INCOMING_TIMEOUT)
+        ));
     }
     Ok(())
 }

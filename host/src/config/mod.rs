@@ -1,7 +1,8 @@
 //! Settings (SPEC §8): every default is a flag, an environment variable and a `vvm.toml` key.
 //!
 //! This module owns every default (`DEFAULT_*`) and the resolution of [`Settings`]; `bounds`
-//! every bound (`MIN_*`, `MAX_*`) and their check, `service` the `[service.NAME]` table,
+//! every bound (`MIN_*`, `MAX_*`) and their check, `service` the `[service.NAME]` table, `route`
+//! an HTTP service's `route`,
 //! `parse` the text forms, `error` the [`ConfigError`]. Precedence: command-line flag, then
 //! environment variable (both via clap, in `cli`, which hands them over as a [`FileConfig`]
 //! layer), then the configuration file, then the built-in default.
@@ -16,23 +17,29 @@ use serde::Deserialize;
 mod bounds;
 mod error;
 mod parse;
+mod route;
 mod service;
 
 pub use bounds::{
     Bounded, MAX_ACQUISITION_TIMEOUT, MAX_CLUSTER_SIZE, MAX_GRACE_PERIOD, MAX_HANDLE_LIMIT,
-    MAX_LEASE, MAX_MEMORY_LIMIT_MIB, MAX_OUTGOING_CONCURRENT, MAX_OUTGOING_TIMEOUT,
-    MAX_RESTART_BACKOFF_MAX, MIN_HANDLE_LIMIT, MIN_LEASE, MIN_OUTGOING_TIMEOUT,
-    RESTART_BACKOFF_INITIAL, check_bucket_name, validate,
+    MAX_INCOMING_CONCURRENT, MAX_INCOMING_TIMEOUT, MAX_LEASE, MAX_MEMORY_LIMIT_MIB,
+    MAX_OUTGOING_CONCURRENT, MAX_OUTGOING_TIMEOUT, MAX_RESTART_BACKOFF_MAX, MIN_HANDLE_LIMIT,
+    MIN_INCOMING_TIMEOUT, MIN_LEASE, MIN_OUTGOING_TIMEOUT, RESTART_BACKOFF_INITIAL,
+    check_bucket_name, validate,
 };
 pub use error::ConfigError;
-use parse::{opt_addr, opt_duration};
-pub use parse::{parse_duration, parse_metrics_addr};
+use parse::{opt_addr, opt_duration, opt_http_addr};
+pub use parse::{parse_duration, parse_http_addr, parse_metrics_addr};
+pub use route::{Route, pick as pick_route};
 pub use service::{
-    ConfigValue, GrantConfig, HAND_OVER_MEMORY, KvLimitsConfig, OnFailure, OutgoingHttpConfig,
+    ConfigValue, GrantConfig, HAND_OVER_MEMORY, IncomingHttpConfig, KvLimitsConfig, OnFailure,
+    OutgoingHttpConfig,
 };
 
 use crate::fs::{MAX_SETTINGS_FILE_BYTES, read_file};
-use bounds::{check_kv_limits, check_outgoing_http, check_services, check_store};
+use bounds::{
+    check_incoming_http, check_kv_limits, check_outgoing_http, check_services, check_store,
+};
 
 /// The configuration file read when `--config` is not given and the file exists.
 pub const DEFAULT_CONFIG_FILE: &str = "vvm.toml";
@@ -68,6 +75,10 @@ pub struct FileConfig {
     /// `"127.0.0.1:9464"`; off when absent.
     #[serde(default, with = "opt_addr")]
     pub metrics_addr: Option<SocketAddr>,
+    /// Address HTTP services are served on while this host leads, e.g. `"0.0.0.0:8080"`;
+    /// off when absent.
+    #[serde(default, with = "opt_http_addr")]
+    pub http_addr: Option<SocketAddr>,
     /// Directory of the crash locks, shared by the hosts of one machine (see
     /// [`crate::holder::crash_lock`]). Default: `<store>.holders` beside a redb store; none for etcd,
     /// where it is worth setting when several hosts share a machine.
@@ -83,6 +94,8 @@ pub struct FileConfig {
     pub kv: Option<KvLimitsConfig>,
     /// `[outgoing-http]`: every service's outgoing HTTP limits, unless its own table sets one.
     pub outgoing_http: Option<OutgoingHttpConfig>,
+    /// `[incoming-http]`: limits on the requests served to HTTP services.
+    pub incoming_http: Option<IncomingHttpConfig>,
     /// Per-service grants, keyed by service name (the `.wasm` file stem).
     #[serde(default)]
     pub service: BTreeMap<String, GrantConfig>,
@@ -234,6 +247,8 @@ pub struct Settings {
     pub grants: BTreeMap<String, GrantConfig>,
     /// Address of the operations endpoint, if it is on.
     pub metrics_addr: Option<SocketAddr>,
+    /// Address HTTP services are served on while leading, if it is on.
+    pub http_addr: Option<SocketAddr>,
     /// Directory of the crash locks, if there is one.
     pub lock_dir: Option<PathBuf>,
     /// How services are placed on the hosts.
@@ -245,6 +260,8 @@ pub struct Settings {
     /// Outgoing HTTP limits of every service (per service: its grant), from the file's
     /// `[outgoing-http]`.
     pub outgoing_http: OutgoingHttpConfig,
+    /// Limits on the requests served to HTTP services, from the file's `[incoming-http]`.
+    pub incoming_http: IncomingHttpConfig,
 }
 
 impl Settings {
@@ -329,6 +346,7 @@ impl Settings {
                 .or(file.cache_dir)
                 .unwrap_or_else(|| default_cache_dir(&services)),
             metrics_addr: flags.metrics_addr.or(file.metrics_addr),
+            http_addr: flags.http_addr.or(file.http_addr),
             placement: flags.placement.or(file.placement).unwrap_or_default(),
             restart_backoff_max: flags
                 .restart_backoff_max
@@ -337,6 +355,7 @@ impl Settings {
             services,
             kv: file.kv.unwrap_or_default(),
             outgoing_http: file.outgoing_http.unwrap_or_default(),
+            incoming_http: file.incoming_http.unwrap_or_default(),
             grants: file.service,
         };
         validate(&Bounded {
@@ -350,6 +369,7 @@ impl Settings {
         })?;
         check_kv_limits("kv", "", &settings.kv)?;
         check_outgoing_http("outgoing-http", "", &settings.outgoing_http)?;
+        check_incoming_http(&settings.incoming_http)?;
         check_services(&settings.grants)?;
         Ok(settings)
     }

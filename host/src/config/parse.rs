@@ -31,6 +31,29 @@ pub fn parse_metrics_addr(text: &str) -> Result<SocketAddr, String> {
     })
 }
 
+/// Parses the address HTTP services are served on, `IP:PORT` (port 0: any free port).
+///
+/// # Errors
+/// A message naming the setting and what is wrong with `text`.
+pub fn parse_http_addr(text: &str) -> Result<SocketAddr, String> {
+    let text = text.trim();
+    text.parse()
+        .map_err(|_| format!("http-addr {text:?} is not an IP:PORT address such as 0.0.0.0:8080"))
+}
+
+pub(super) mod opt_http_addr {
+    use std::net::SocketAddr;
+
+    use serde::{Deserialize, Deserializer};
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
+        let text = String::deserialize(d)?;
+        super::parse_http_addr(&text)
+            .map(Some)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
 pub(super) mod opt_addr {
     use std::net::SocketAddr;
 

@@ -53,6 +53,22 @@ pub struct GrantConfig {
     /// host-wide `[outgoing-http]`.
     #[serde(default)]
     pub outgoing_http: OutgoingHttpConfig,
+    /// Where an HTTP service is served on `http-addr` (`route`), in Spin's form: a prefix
+    /// ending in `/...` (`"/api/..."`, `"/..."` for every path) or an exact path
+    /// (`"/hello"`). Default: `/NAME/...`.
+    pub route: Option<String>,
+}
+
+/// `[incoming-http]`: limits on the requests the host serves to HTTP services on `http-addr`
+/// (SPEC §10). A key left out is the default (`runtime::IncomingLimits`).
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct IncomingHttpConfig {
+    /// The most requests of one service served at once; more are answered 503.
+    pub max_concurrent: Option<u32>,
+    /// The longest a request may take, from its admission to the end of its response.
+    #[serde(default, with = "opt_duration")]
+    pub request_timeout: Option<Duration>,
 }
 
 /// `[outgoing-http]` (host-wide) and `[service.NAME.outgoing-http]`: limits on a service's

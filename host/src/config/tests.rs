@@ -272,3 +272,57 @@ key = { file = "/run/credentials/orders/key" }
         assert!(e.contains(reason), "{text}: {e}");
     }
 }
+
+/// Incoming HTTP is off by default; `http-addr` (the flag over the file), a service's `route`
+/// and `[incoming-http]` are read, and a value that cannot work is refused naming its setting.
+#[test]
+fn incoming_http_settings_are_read_and_bad_values_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("vvm.toml");
+    let resolve = |text: &str, flag: Option<&str>| {
+        std::fs::write(&file, text).unwrap();
+        let flags = FileConfig {
+            http_addr: flag.map(|a| parse_http_addr(a).unwrap()),
+            ..FileConfig::default()
+        };
+        Settings::resolve(flags, Some(&file))
+    };
+    let off = resolve("", None).unwrap();
+    assert_eq!(off.http_addr, None);
+    assert_eq!(off.incoming_http, IncomingHttpConfig::default());
+    let on = resolve(
+        "http-addr = \"0.0.0.0:8080\"\n[incoming-http]\nmax-concurrent = 10\n\
+         request-timeout = \"5s\"\n[service.api]\nroute = \"/api/...\"\n",
+        None,
+    )
+    .unwrap();
+    assert_eq!(on.http_addr, Some("0.0.0.0:8080".parse().unwrap()));
+    assert_eq!(on.incoming_http.max_concurrent, Some(10));
+    assert_eq!(
+        on.incoming_http.request_timeout,
+        Some(Duration::from_secs(5))
+    );
+    assert_eq!(on.grants["api"].route.as_deref(), Some("/api/..."));
+    let flag = resolve("http-addr = \"0.0.0.0:8080\"\n", Some("127.0.0.1:9000")).unwrap();
+    assert_eq!(flag.http_addr, Some("127.0.0.1:9000".parse().unwrap()));
+
+    let e = resolve("http-addr = \"8080\"\n", None).unwrap_err();
+    assert!(e.to_string().contains("http-addr \"8080\""), "{e}");
+    let e = resolve("[service.api]\nroute = \"api\"\n", None).unwrap_err();
+    assert!(
+        e.to_string().contains("service.*.route: service api"),
+        "{e}"
+    );
+    for bad in [
+        "max-concurrent = 0",
+        "max-concurrent = 100001",
+        "request-timeout = \"2h\"",
+    ] {
+        let e = resolve(&format!("[incoming-http]\n{bad}\n"), None).unwrap_err();
+        assert!(
+            e.to_string().starts_with("setting incoming-http:"),
+            "{bad}: {e}"
+        );
+    }
+    assert!(parse_http_addr("localhost:80").is_err());
+}
