@@ -7,7 +7,7 @@
 //!   stopped.
 //! - [`placement`]: which host runs which service: together on a slot, or spread by claims.
 //! - [`vvm`]: the lifecycle: provide, launch, leadership monitor, ordered shutdown.
-//! - [`runtime`]: the wasmtime host: components, sandboxes, fencing, supervision.
+//! - [`runtime`]: the wasmtime host: components, sandboxes, fencing, supervision, incoming HTTP.
 //! - [`services`]: what the lifecycle starts once a slot is held (the seam to the runtime).
 //! - [`elections`]: acquire, renew and release leases.
 //! - [`problem`]: the problem signal: a running VVM's first fatal error, reported once.

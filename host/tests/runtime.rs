@@ -213,7 +213,7 @@ async fn bad_files_are_rejected_by_name_while_a_good_one_runs() {
     assert!(reason("bad-empty.wasm").contains("empty file"));
     assert!(reason("bad-core.wasm").contains("core WebAssembly module"));
     assert!(reason("bad-truncated.wasm").starts_with("not a valid component"));
-    assert!(reason("bad-world.wasm").contains("exports neither `run`"));
+    assert!(reason("bad-world.wasm").contains("exports none of `run`"));
     assert!(reason("bad-world.wasm").contains("greet"));
     assert!(matches!(
         errors

@@ -9,6 +9,7 @@
 mod cli;
 mod etcd;
 mod fencing;
+mod incoming_http;
 mod isolation;
 mod keyvalue;
 mod languages;

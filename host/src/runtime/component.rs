@@ -1,6 +1,7 @@
 //! Service discovery and compilation (SPEC §6): every `*.wasm` file in the services directory
 //! is compiled (or loaded from the on-disk cache, `cache`) before campaigning, checked against
-//! the two supported worlds, and pre-instantiated once.
+//! the supported worlds (`vvm:host/service`, `wasi:cli/command`, and `wasi:http/proxy`: a
+//! component exporting `wasi:http/incoming-handler`), and pre-instantiated once.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -9,6 +10,7 @@ use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::{Component, Linker};
 use wasmtime_wasi::p2::bindings::CommandPre;
+use wasmtime_wasi_http::p2::bindings::ProxyPre;
 
 use super::RuntimeError;
 use super::bindings::service::ServicePre;
@@ -23,6 +25,9 @@ pub enum ServiceKind {
     Service,
     /// A plain `wasi:cli/command`: its `run` is the service; dropped at once on stop.
     Command,
+    /// An HTTP service (`wasi:http/proxy`): exports `wasi:http/incoming-handler`, and is
+    /// served on `http-addr` by route, one instance per request.
+    Http,
 }
 
 impl fmt::Display for ServiceKind {
@@ -30,6 +35,7 @@ impl fmt::Display for ServiceKind {
         f.write_str(match self {
             Self::Service => "vvm:host/service",
             Self::Command => "wasi:cli/command",
+            Self::Http => "wasi:http/proxy",
         })
     }
 }
@@ -69,7 +75,7 @@ pub enum LoadErrorKind {
     /// The component exports the world's entry point with the wrong type.
     #[error("unsupported world: {export} of the wrong type: {source:#}")]
     WrongType {
-        /// The export: `run` or `wasi:cli/run`.
+        /// The export: `run`, `wasi:cli/run` or `wasi:http/incoming-handler`.
         export: &'static str,
         /// wasmtime's type check.
         #[source]
@@ -95,6 +101,8 @@ pub(crate) enum Pre {
     Service(ServicePre<Host>),
     /// The `wasi:cli/command` world.
     Command(CommandPre<Host>),
+    /// The `wasi:http/proxy` world (an `incoming-handler` export).
+    Http(ProxyPre<Host>),
 }
 
 /// One loaded service.
@@ -113,6 +121,7 @@ impl Loaded {
         match self.pre {
             Pre::Service(_) => ServiceKind::Service,
             Pre::Command(_) => ServiceKind::Command,
+            Pre::Http(_) => ServiceKind::Http,
         }
     }
 }
@@ -278,16 +287,28 @@ fn classify(
     let exports: Vec<&str> = ty.exports(engine).map(|(name, _)| name).collect();
     let is_service = exports.contains(&"run");
     let is_command = exports.iter().any(|e| e.starts_with("wasi:cli/run@0.2"));
-    if !is_service && !is_command {
+    let is_http = exports
+        .iter()
+        .any(|e| e.starts_with("wasi:http/incoming-handler@0.2"));
+    if !is_service && !is_command && !is_http {
         return Err(LoadErrorKind::World(format!(
-            "exports neither `run` (world vvm:host/service) nor `wasi:cli/run` \
-             (world wasi:cli/command); it exports [{}]",
+            "exports none of `run` (world vvm:host/service), `wasi:cli/run` (world \
+             wasi:cli/command) and `wasi:http/incoming-handler` (world wasi:http/proxy); it \
+             exports [{}]",
             exports.join(", ")
         )));
     }
     let pre = linker
         .instantiate_pre(component)
         .map_err(LoadErrorKind::Imports)?;
+    if !is_service && !is_command {
+        return ProxyPre::new(pre)
+            .map(Pre::Http)
+            .map_err(|source| LoadErrorKind::WrongType {
+                export: "`wasi:http/incoming-handler`",
+                source,
+            });
+    }
     if is_service {
         ServicePre::new(pre)
             .map(Pre::Service)

@@ -24,6 +24,8 @@
 //! - `restart`: a failed service's backoff schedule, and its state as `status`, `/metrics` and
 //!   the log see it.
 //! - `supervisor`: runs, restarts and stops one service; hands the lease over where asked.
+//! - `incoming`: incoming `wasi:http`: the listener on `http-addr` (open only while leading),
+//!   routes, a store per request, responses under the lease.
 //! - `debounce`: when a changed service file is complete and must be looked at (pure).
 //! - `live_dir`: the live services directory: a watcher keeping the catalogue of loaded
 //!   services in step with the directory's files.
@@ -33,8 +35,8 @@
 //! Dependencies point one way, in this order (each uses only modules before it): `outgoing`,
 //! `config`,
 //! `handles`, `stacks`, `engine`, `state`, `fence`, `output`, `bindings`, `keyvalue`,
-//! `wasi_config`, `imports`, `cache`, `component`, `restart`, `supervisor`, `debounce`,
-//! `live_dir`, `reconcile`, `wasm_services`.
+//! `wasi_config`, `imports`, `cache`, `component`, `restart`, `supervisor`, `incoming`,
+//! `debounce`, `live_dir`, `reconcile`, `wasm_services`.
 
 mod bindings;
 mod cache;
@@ -45,6 +47,7 @@ mod engine;
 mod fence;
 mod handles;
 mod imports;
+mod incoming;
 mod keyvalue;
 mod live_dir;
 mod outgoing;
@@ -59,7 +62,7 @@ mod wasi_config;
 mod wasm_services;
 
 pub use component::{LoadError, LoadErrorKind, LoadStats, ServiceKind};
-pub use config::{DirGrant, Grants, KvLimits, RestartPolicy, RuntimeConfig};
+pub use config::{DirGrant, Grants, IncomingLimits, KvLimits, RestartPolicy, RuntimeConfig};
 pub use handles::raise_descriptor_limit;
 pub use outgoing::{AllowList, HttpPolicy, LEASE_HEADER, OutgoingLimits, TOKEN_HEADER};
 pub use wasm_services::{CheckReport, WasmServices, check};

@@ -21,8 +21,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::Grants;
-use super::component::Loaded;
+use super::component::{Loaded, Pre};
 use super::engine::Runtime;
+use super::incoming::HttpServer;
 use super::live_dir::Catalogue;
 use super::outgoing::{HttpPolicy, OutgoingHttp};
 use super::restart::Tracker;
@@ -41,6 +42,7 @@ const START_PATIENCE: Duration = Duration::from_secs(1);
 /// stopped.
 pub(crate) async fn start(
     rt: Arc<Runtime>,
+    http: Arc<HttpServer>,
     mut catalogue: watch::Receiver<Catalogue>,
     ctx: ServiceContext,
     only: Option<String>,
@@ -50,6 +52,7 @@ pub(crate) async fn start(
     let term = ctx.lease.term;
     let mut reconciler = Reconciler {
         rt,
+        http,
         ctx,
         stop: stop.clone(),
         running: BTreeMap::new(),
@@ -100,6 +103,8 @@ struct Supervised {
 /// The services of one leadership, by name.
 struct Reconciler {
     rt: Arc<Runtime>,
+    /// Where its HTTP services are served.
+    http: Arc<HttpServer>,
     ctx: ServiceContext,
     /// Cancelled when every service must stop.
     stop: CancellationToken,
@@ -148,6 +153,9 @@ impl Reconciler {
                 grants.map_or(&HttpPolicy::default(), |g| &g.http),
             ),
         });
+        if let Pre::Http(pre) = &svc.pre {
+            self.http.register(&env, pre);
+        }
         let (created, rx) = oneshot::channel();
         let first = FirstStart {
             created,
@@ -178,9 +186,11 @@ impl Reconciler {
         rx
     }
 
-    /// Tells the services `names` to stop, waits out their grace period, then drops every
+    /// Stops serving the HTTP services among `names` (the listener closes with the last),
+    /// tells the services `names` to stop, waits out their grace period, then drops every
     /// instance still there.
     async fn stop(&mut self, names: &[String]) {
+        self.http.unregister(names).await;
         let mut stopping: Vec<Supervised> = names
             .iter()
             .filter_map(|n| self.running.remove(n))

@@ -245,6 +245,15 @@ async fn run_once(
             // A command cannot hear the stop signal: no grace period.
             finish(env, None, handles, run).await
         }
+        Pre::Http(_) => {
+            // Served per request (`incoming`): each request has its own store and instance.
+            drop(store);
+            created(started).await;
+            tracing::info!(service, kind = "http", "service running");
+            let _running = env.ops.service_running();
+            env.stopping.cancelled().await;
+            Outcome::Stopped
+        }
     }
 }
 

@@ -13,6 +13,7 @@ use super::cache;
 use super::component::{self, Compiler, LoadError, LoadStats, ServiceFile, ServiceKind};
 use super::engine::{self, Runtime};
 use super::imports;
+use super::incoming::HttpServer;
 use super::live_dir::{Catalogue, LiveDir};
 use super::progress::Progress;
 use super::reconcile;
@@ -26,6 +27,8 @@ use crate::services::{RunningServices, SeparateServices, ServiceContext, Service
 /// the set follows the directory's files while serving.
 pub struct WasmServices {
     rt: Arc<Runtime>,
+    /// Serves the HTTP services of each leadership on `http-addr`.
+    http: Arc<HttpServer>,
     linker: Linker<Host>,
     /// The loaded services by name; each leadership's running services follow it.
     catalogue: Arc<watch::Sender<Catalogue>>,
@@ -117,6 +120,7 @@ impl WasmServices {
         let rt = Arc::new(Runtime::start(config, engine, ops)?);
         Ok((
             Self {
+                http: Arc::new(HttpServer::new(Arc::clone(&rt))),
                 rt,
                 linker,
                 catalogue: Arc::new(watch::channel(services).0),
@@ -171,7 +175,8 @@ impl WasmServices {
 #[async_trait]
 impl Services for WasmServices {
     async fn start(&self, ctx: ServiceContext) -> Result<Box<dyn RunningServices>, ServiceError> {
-        Ok(reconcile::start(Arc::clone(&self.rt), self.catalogue.subscribe(), ctx, None).await)
+        let (rt, http) = (Arc::clone(&self.rt), Arc::clone(&self.http));
+        Ok(reconcile::start(rt, http, self.catalogue.subscribe(), ctx, None).await)
     }
 }
 
@@ -188,7 +193,8 @@ impl SeparateServices for WasmServices {
     ) -> Result<Box<dyn RunningServices>, ServiceError> {
         let catalogue = self.catalogue.subscribe();
         let only = Some(name.to_owned());
-        Ok(reconcile::start(Arc::clone(&self.rt), catalogue, ctx, only).await)
+        let (rt, http) = (Arc::clone(&self.rt), Arc::clone(&self.http));
+        Ok(reconcile::start(rt, http, catalogue, ctx, only).await)
     }
 }
 

@@ -3,13 +3,15 @@
 //! takes the resolved settings.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::outgoing::{HttpPolicy, OutgoingLimits};
 use crate::config::{
-    self, ConfigError, ConfigValue, GrantConfig, KvLimitsConfig, OnFailure, Settings,
+    self, ConfigError, ConfigValue, GrantConfig, IncomingHttpConfig, KvLimitsConfig, OnFailure,
+    Route, Settings,
 };
 
 /// Configuration of the Wasm runtime. `RuntimeConfig::new(dir)` gives the defaults.
@@ -47,6 +49,42 @@ pub struct RuntimeConfig {
     pub kv: KvLimits,
     /// Limits on each service's outgoing HTTP requests, but where its grant sets its own.
     pub outgoing_http: OutgoingLimits,
+    /// Where and how HTTP services are served (`http-addr`, `[incoming-http]`).
+    pub incoming_http: IncomingLimits,
+}
+
+/// Where HTTP services are served and the limits on their requests (SPEC §10).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IncomingLimits {
+    /// The address served on while leading; `None`: HTTP services are not served.
+    pub addr: Option<SocketAddr>,
+    /// The most requests of one service served at once; more are answered 503. Default 1000.
+    pub max_concurrent: u32,
+    /// The longest a request may take, from admission to the end of its response. Default
+    /// 30 s.
+    pub request_timeout: Duration,
+}
+
+impl Default for IncomingLimits {
+    fn default() -> Self {
+        Self {
+            addr: None,
+            max_concurrent: 1000,
+            request_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl IncomingLimits {
+    /// These limits with `file`'s where it sets them.
+    #[must_use]
+    pub fn with(self, addr: Option<SocketAddr>, file: IncomingHttpConfig) -> Self {
+        Self {
+            addr,
+            max_concurrent: file.max_concurrent.unwrap_or(self.max_concurrent),
+            request_timeout: file.request_timeout.unwrap_or(self.request_timeout),
+        }
+    }
 }
 
 impl RuntimeConfig {
@@ -66,6 +104,7 @@ impl RuntimeConfig {
             restart: RestartPolicy::default(),
             kv: KvLimits::default(),
             outgoing_http: OutgoingLimits::default(),
+            incoming_http: IncomingLimits::default(),
         }
     }
 
@@ -83,6 +122,8 @@ impl RuntimeConfig {
         config.restart.max_backoff = settings.restart_backoff_max;
         config.kv = KvLimits::default().with(settings.kv);
         config.outgoing_http = OutgoingLimits::default().with(settings.outgoing_http);
+        config.incoming_http =
+            IncomingLimits::default().with(settings.http_addr, settings.incoming_http);
         for (name, grant) in &settings.grants {
             let grants = grants(name, grant, config.outgoing_http)?;
             config.grants.insert(name.clone(), grants);
@@ -151,6 +192,13 @@ fn grants(
         kv_buckets: grant.kv_buckets.iter().cloned().collect(),
         kv: grant.kv,
         config: ServiceConfig::resolve(name, &grant.config)?,
+        route: match &grant.route {
+            None => None,
+            Some(route) => Some(Route::parse(route).map_err(|reason| ConfigError::Invalid {
+                name: "service.*.route",
+                reason: format!("service {name}: route {route:?} {reason}"),
+            })?),
+        },
         http: Arc::new(
             HttpPolicy::new(
                 &grant.http,
@@ -188,6 +236,8 @@ pub struct Grants {
     pub config: ServiceConfig,
     /// Where its outgoing HTTP requests may go, and their limits (nowhere by default).
     pub http: Arc<HttpPolicy>,
+    /// Where it is served on `http-addr`, if it is an HTTP service; `/NAME/...` when `None`.
+    pub route: Option<Route>,
 }
 
 impl Grants {
@@ -383,112 +433,4 @@ impl KvLimits {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-
-    fn grant(dirs: &[String], env: &[&str]) -> GrantConfig {
-        GrantConfig {
-            dirs: dirs.to_vec(),
-            env: env.iter().map(|&e| e.to_owned()).collect(),
-            ..GrantConfig::default()
-        }
-    }
-
-    /// A grant that cannot work is refused when the settings are read, naming the service, the
-    /// grant and the reason, rather than failing the service's every start under the lease.
-    #[test]
-    fn a_grant_that_cannot_work_is_refused_with_its_reason() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("file");
-        std::fs::write(&file, "").unwrap();
-        let missing = dir.path().join("missing");
-
-        let good = grants(
-            "s",
-            &grant(&[format!("{}:/data:ro", dir.path().display())], &["A=1"]),
-            OutgoingLimits::default(),
-        )
-        .unwrap();
-        assert!(good.dirs[0].read_only);
-        assert_eq!(good.env, [("A".to_owned(), "1".to_owned())]);
-
-        let cases = [
-            (grant(&[missing.display().to_string()], &[]), "No such file"),
-            (grant(&[file.display().to_string()], &[]), "not a directory"),
-            (grant(&[String::new()], &[]), "is not host[:guest][:ro]"),
-            (grant(&[], &["=x"]), "has no NAME"),
-            (grant(&[], &["NOEQUALS"]), "is not NAME=value"),
-            (
-                GrantConfig {
-                    http: vec!["example.com".into()],
-                    ..GrantConfig::default()
-                },
-                "http entry \"example.com\" has no scheme",
-            ),
-            (
-                GrantConfig {
-                    http: vec!["https://example.com".into()],
-                    http_ca: Some(missing.clone()),
-                    ..GrantConfig::default()
-                },
-                "http-ca",
-            ),
-        ];
-        for (grant, reason) in cases {
-            let e = grants("s", &grant, OutgoingLimits::default())
-                .unwrap_err()
-                .to_string();
-            assert!(e.contains("service s") && e.contains(reason), "{e}");
-        }
-        let e = grants(
-            "s",
-            &grant(&[missing.display().to_string()], &[]),
-            OutgoingLimits::default(),
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains(&*missing.to_string_lossy()), "{e}");
-    }
-
-    /// Values from the environment and from files are read with the settings; one that
-    /// cannot be read is an error naming the service and the key, never the value, and no
-    /// `Debug` shows a value.
-    #[test]
-    fn config_values_are_read_with_the_settings_and_never_shown() {
-        let dir = tempfile::tempdir().unwrap();
-        let secret_file = dir.path().join("key");
-        std::fs::write(&secret_file, "file-secret-4242").unwrap();
-        // Set by nothing: the test's own name.
-        let var = "VVM_TEST_CONFIG_SECRET_5151";
-        let table = |value: ConfigValue| {
-            std::collections::BTreeMap::from([
-                ("plain".to_owned(), ConfigValue::Plain("shown".into())),
-                ("secret".to_owned(), value),
-            ])
-        };
-        let from_file =
-            ServiceConfig::resolve("s", &table(ConfigValue::File(secret_file))).unwrap();
-        assert_eq!(from_file.get("secret"), Some("file-secret-4242"));
-        assert_eq!(from_file.get("plain"), Some("shown"));
-        assert_eq!(from_file.get("none"), None);
-        assert_eq!(from_file.all().len(), 2);
-        let shown = format!("{from_file:?}");
-        assert!(
-            !shown.contains("file-secret") && !shown.contains("shown"),
-            "{shown}"
-        );
-
-        let e = ServiceConfig::resolve("s", &table(ConfigValue::Env(var.into())))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("service s") && e.contains("\"secret\"") && e.contains(var),
-            "{e}"
-        );
-        let missing = dir.path().join("missing");
-        let e = ServiceConfig::resolve("s", &table(ConfigValue::File(missing)))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("service s") && e.contains("missing"), "{e}");
-    }
-}
+mod tests;

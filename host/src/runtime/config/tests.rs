@@ -1,0 +1,109 @@
+//! Tests of the runtime's configuration (`runtime::config`): grants and limits.
+
+#![allow(clippy::unwrap_used)]
+
+use super::*;
+
+fn grant(dirs: &[String], env: &[&str]) -> GrantConfig {
+    GrantConfig {
+        dirs: dirs.to_vec(),
+        env: env.iter().map(|&e| e.to_owned()).collect(),
+        ..GrantConfig::default()
+    }
+}
+
+/// A grant that cannot work is refused when the settings are read, naming the service, the
+/// grant and the reason, rather than failing the service's every start under the lease.
+#[test]
+fn a_grant_that_cannot_work_is_refused_with_its_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("file");
+    std::fs::write(&file, "").unwrap();
+    let missing = dir.path().join("missing");
+
+    let good = grants(
+        "s",
+        &grant(&[format!("{}:/data:ro", dir.path().display())], &["A=1"]),
+        OutgoingLimits::default(),
+    )
+    .unwrap();
+    assert!(good.dirs[0].read_only);
+    assert_eq!(good.env, [("A".to_owned(), "1".to_owned())]);
+
+    let cases = [
+        (grant(&[missing.display().to_string()], &[]), "No such file"),
+        (grant(&[file.display().to_string()], &[]), "not a directory"),
+        (grant(&[String::new()], &[]), "is not host[:guest][:ro]"),
+        (grant(&[], &["=x"]), "has no NAME"),
+        (grant(&[], &["NOEQUALS"]), "is not NAME=value"),
+        (
+            GrantConfig {
+                http: vec!["example.com".into()],
+                ..GrantConfig::default()
+            },
+            "http entry \"example.com\" has no scheme",
+        ),
+        (
+            GrantConfig {
+                http: vec!["https://example.com".into()],
+                http_ca: Some(missing.clone()),
+                ..GrantConfig::default()
+            },
+            "http-ca",
+        ),
+    ];
+    for (grant, reason) in cases {
+        let e = grants("s", &grant, OutgoingLimits::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("service s") && e.contains(reason), "{e}");
+    }
+    let e = grants(
+        "s",
+        &grant(&[missing.display().to_string()], &[]),
+        OutgoingLimits::default(),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains(&*missing.to_string_lossy()), "{e}");
+}
+
+/// Values from the environment and from files are read with the settings; one that
+/// cannot be read is an error naming the service and the key, never the value, and no
+/// `Debug` shows a value.
+#[test]
+fn config_values_are_read_with_the_settings_and_never_shown() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret_file = dir.path().join("key");
+    std::fs::write(&secret_file, "file-secret-4242").unwrap();
+    // Set by nothing: the test's own name.
+    let var = "VVM_TEST_CONFIG_SECRET_5151";
+    let table = |value: ConfigValue| {
+        std::collections::BTreeMap::from([
+            ("plain".to_owned(), ConfigValue::Plain("shown".into())),
+            ("secret".to_owned(), value),
+        ])
+    };
+    let from_file = ServiceConfig::resolve("s", &table(ConfigValue::File(secret_file))).unwrap();
+    assert_eq!(from_file.get("secret"), Some("file-secret-4242"));
+    assert_eq!(from_file.get("plain"), Some("shown"));
+    assert_eq!(from_file.get("none"), None);
+    assert_eq!(from_file.all().len(), 2);
+    let shown = format!("{from_file:?}");
+    assert!(
+        !shown.contains("file-secret") && !shown.contains("shown"),
+        "{shown}"
+    );
+
+    let e = ServiceConfig::resolve("s", &table(ConfigValue::Env(var.into())))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("service s") && e.contains("\"secret\"") && e.contains(var),
+        "{e}"
+    );
+    let missing = dir.path().join("missing");
+    let e = ServiceConfig::resolve("s", &table(ConfigValue::File(missing)))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("service s") && e.contains("missing"), "{e}");
+}

@@ -1,0 +1,197 @@
+//! One served request (SPEC §10, "Incoming HTTP"): admitted (a route, the lease, the
+//! service's concurrency), a fresh store and instance of the service's pre-instantiated
+//! component, the handler's call on a task of its own, and the response under the lease.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::{BodyExt as _, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{HeaderValue, RETRY_AFTER};
+use hyper::{Request, Response, StatusCode};
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::oneshot::error::RecvError;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use wasmtime::Store;
+use wasmtime::component::Resource;
+use wasmtime_wasi_http::WasiHttpView as _;
+use wasmtime_wasi_http::p2::bindings::http::types::{ErrorCode, Scheme};
+use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
+use wasmtime_wasi_http::p2::types::{HostIncomingRequest, HostResponseOutparam};
+
+use super::body::LeasedBody;
+use super::{Entry, Shared};
+use crate::runtime::fence::Fenced;
+use crate::runtime::imports::new_store;
+use crate::runtime::outgoing::TOKEN_HEADER;
+use crate::runtime::state::Host;
+
+/// Why a connection is aborted instead of answered: the lease deadline passed before the
+/// response head (another host may lead by now).
+#[derive(Debug, thiserror::Error)]
+#[error("lease deadline passed before the response: connection aborted")]
+pub(super) struct Aborted;
+
+/// A response of the host's own (not the guest's), with a short text body.
+fn plain(status: StatusCode, text: &'static str) -> Response<HyperOutgoingBody> {
+    let mut response = Response::new(
+        Full::new(Bytes::from_static(text.as_bytes()))
+            .map_err(|never| match never {})
+            .boxed_unsync(),
+    );
+    *response.status_mut() = status;
+    response
+}
+
+/// 503 with `Retry-After: 1`: try again (the leader, or this host in a moment).
+fn unavailable(text: &'static str) -> Response<HyperOutgoingBody> {
+    let mut response = plain(StatusCode::SERVICE_UNAVAILABLE, text);
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+}
+
+/// Serves `req`: the route's service's handler, or the host's 404 or 503.
+pub(super) async fn serve(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+) -> Result<Response<HyperOutgoingBody>, Aborted> {
+    let Some(entry) = shared.route(req.uri().path()) else {
+        return Ok(plain(StatusCode::NOT_FOUND, "no route\n"));
+    };
+    // Admitted only under the lease: the term is the environment's, pinned from here on.
+    if entry.env.deadline.has_passed() {
+        return Ok(unavailable("not leading\n"));
+    }
+    let Ok(permit) = Arc::clone(&entry.permits).try_acquire_owned() else {
+        tracing::warn!(
+            service = &*entry.env.name,
+            "request refused: too many in flight"
+        );
+        return Ok(unavailable("busy\n"));
+    };
+    let rt = &shared.rt;
+    let service = &*entry.env.name;
+    let grants = rt.grants();
+    let handles = rt.handle_cap(service, &grants);
+    let mut store = match new_store(
+        &rt.engine,
+        &entry.env,
+        &rt.config,
+        grants.get(service),
+        handles,
+    ) {
+        Ok(store) => store,
+        Err(e) => {
+            tracing::error!(service, error = %format!("{e:#}"), "request: no sandbox");
+            return Ok(plain(StatusCode::INTERNAL_SERVER_ERROR, "no sandbox\n"));
+        }
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let resources = store
+        .data_mut()
+        .http()
+        .new_incoming_request(Scheme::Http, req)
+        .and_then(|request| Ok((request, store.data_mut().http().new_response_outparam(tx)?)));
+    let Ok((request, out)) = resources else {
+        return Ok(plain(StatusCode::BAD_REQUEST, "bad request\n"));
+    };
+    let timeout_at = Instant::now() + rt.config.incoming_http.request_timeout;
+    let broken = CancellationToken::new();
+    let call = Call {
+        entry: Arc::clone(&entry),
+        broken: broken.clone(),
+        timeout_at,
+        grace: rt.config.grace_period,
+        _permit: permit,
+    };
+    entry.requests.spawn(call.run(store, request, out));
+    let head = tokio::select! {
+        head = rx => head,
+        () = entry.env.deadline.passed() => return Err(Aborted),
+        () = tokio::time::sleep_until(timeout_at) => {
+            return Ok(plain(StatusCode::GATEWAY_TIMEOUT, "request timeout\n"));
+        }
+    };
+    answer(&entry, head, timeout_at, broken)
+}
+
+/// The response to send for the handler's `head` (or why there is none).
+fn answer(
+    entry: &Entry,
+    head: Result<Result<Response<HyperOutgoingBody>, ErrorCode>, RecvError>,
+    timeout_at: Instant,
+    broken: CancellationToken,
+) -> Result<Response<HyperOutgoingBody>, Aborted> {
+    let service = &*entry.env.name;
+    match head {
+        Ok(Ok(response)) => {
+            let (mut parts, body) = response.into_parts();
+            parts
+                .headers
+                .insert(TOKEN_HEADER, HeaderValue::from(entry.env.lease.term));
+            let body = LeasedBody::new(body, entry.env.deadline.clone(), timeout_at, broken);
+            Ok(Response::from_parts(parts, body.boxed_unsync()))
+        }
+        Ok(Err(code)) => {
+            tracing::warn!(service, error = ?code, "request: the handler answered an error");
+            Ok(plain(StatusCode::INTERNAL_SERVER_ERROR, "handler error\n"))
+        }
+        Err(_) if entry.env.deadline.has_passed() => Err(Aborted),
+        Err(_) => Ok(plain(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the handler gave no response\n",
+        )),
+    }
+}
+
+/// The handler's call for one request, on a task of its own (its body may stream after the
+/// head is sent).
+struct Call {
+    entry: Arc<Entry>,
+    /// Cancelled when the call did not complete, before its store is dropped.
+    broken: CancellationToken,
+    timeout_at: Instant,
+    grace: Duration,
+    /// A place in the service's concurrency, held until the call ends.
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Call {
+    async fn run(
+        self,
+        mut store: Store<Host>,
+        request: Resource<HostIncomingRequest>,
+        out: Resource<HostResponseOutparam>,
+    ) {
+        let service = &*self.entry.env.name;
+        let pre = &self.entry.pre;
+        let call = async {
+            let proxy = pre.instantiate_async(&mut store).await?;
+            proxy
+                .wasi_http_incoming_handler()
+                .call_handle(&mut store, request, out)
+                .await
+        };
+        tokio::pin!(call);
+        let stopped = async {
+            self.entry.env.stopping.cancelled().await;
+            tokio::time::sleep(self.grace).await;
+        };
+        let outcome = tokio::select! {
+            r = &mut call => r.map_err(|e| {
+                if e.is::<Fenced>() { "fenced: lease deadline passed".to_owned() }
+                else { format!("trapped: {}", e.root_cause()) }
+            }),
+            () = tokio::time::sleep_until(self.timeout_at) => Err("request timeout".to_owned()),
+            () = stopped => Err("stopped: grace period over".to_owned()),
+        };
+        if let Err(reason) = outcome {
+            // Before the store (and with it the response body's sender) is dropped.
+            self.broken.cancel();
+            tracing::warn!(service, reason, "request handler cut short");
+        }
+    }
+}
