@@ -64,7 +64,7 @@ mod wasm_services;
 pub use component::{LoadError, LoadErrorKind, LoadStats, ServiceKind};
 pub use config::{DirGrant, Grants, IncomingLimits, KvLimits, RestartPolicy, RuntimeConfig};
 pub use handles::raise_descriptor_limit;
-pub use outgoing::{AllowList, HttpPolicy, LEASE_HEADER, OutgoingLimits, TOKEN_HEADER};
+pub use outgoing::{HttpPolicy, LEASE_HEADER, OutgoingLimits, TOKEN_HEADER};
 pub use wasm_services::{CheckReport, WasmServices, check};
 
 use std::path::PathBuf;

@@ -40,7 +40,7 @@ use wasmtime_wasi_http::{
     WasiHttpHooks,
 };
 
-pub use allow::AllowList;
+use allow::AllowList;
 use body::{FencedBody, ResponseBody, fenced};
 use connect::Target;
 pub(crate) use handle::link_handle;
@@ -141,11 +141,6 @@ impl HttpPolicy {
             tls,
             limits,
         })
-    }
-
-    /// Its limits.
-    pub fn limits(&self) -> OutgoingLimits {
-        self.limits
     }
 }
 
