@@ -33,7 +33,7 @@ build_rust() {
     cp "$wasm/rust-command.wasm" "$out/rust-command.wasm"
     # test guests
     local t
-    for t in trap spin hog nosy effects journal kv_flood kv_bench other_world leak http_client http_hello; do
+    for t in trap spin hog nosy effects journal kv_flood kv_bench other_world leak http_client http_hello http_both; do
         cp "$wasm/test_$t.wasm" "$out/test/${t//_/-}.wasm"
     done
 }

@@ -2,6 +2,7 @@
 //! `test/http-hello` guest (a plain `wasi:http/proxy` component) served on `--http-addr` by
 //! route, with the host's fencing token on every response, only by the leader.
 
+use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::time::Duration;
@@ -13,7 +14,7 @@ use testkit::host::Host;
 use crate::BIN;
 
 /// A loopback address with a port that was free a moment ago.
-fn free_addr() -> SocketAddr {
+pub(crate) fn free_addr() -> SocketAddr {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -22,7 +23,7 @@ fn free_addr() -> SocketAddr {
 
 /// A directory with `services/NAME.wasm` (the hello guest) for each of `names`, and
 /// `vvm.toml` as `toml`.
-fn hello_dir(names: &[&str], toml: &str) -> tempfile::TempDir {
+pub(crate) fn hello_dir(names: &[&str], toml: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let services = dir.path().join("services");
     std::fs::create_dir(&services).unwrap();
@@ -38,14 +39,18 @@ fn hello_dir(names: &[&str], toml: &str) -> tempfile::TempDir {
 }
 
 fn serve(name: &'static str, dir: &Path, addr: SocketAddr) -> Host {
+    serve_with(name, dir, addr, &["--lease", "5s"])
+}
+
+/// `vvm-host serve` on `vvm.redb` in `dir` with a grace period of 1 s, its own cache, HTTP on
+/// `addr`, and `more` arguments.
+pub(crate) fn serve_with(name: &'static str, dir: &Path, addr: SocketAddr, more: &[&str]) -> Host {
     let cache = format!("cache-{name}");
     let addr = addr.to_string();
-    let args = [
+    let mut args = vec![
         "serve",
         "--store",
         "vvm.redb",
-        "--lease",
-        "5s",
         "--grace-period",
         "1s",
         "--cache-dir",
@@ -53,11 +58,12 @@ fn serve(name: &'static str, dir: &Path, addr: SocketAddr) -> Host {
         "--http-addr",
         &addr,
     ];
+    args.extend_from_slice(more);
     Host::start(BIN, name, dir, &args, "info")
 }
 
 /// GET `path` on `addr`: the status, the `vvm-fencing-token` values, and the body.
-fn get(addr: SocketAddr, path: &str) -> (u16, Vec<String>, String) {
+pub(crate) fn get(addr: SocketAddr, path: &str) -> (u16, Vec<String>, String) {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(Duration::from_secs(20)))
@@ -78,23 +84,32 @@ fn get(addr: SocketAddr, path: &str) -> (u16, Vec<String>, String) {
     )
 }
 
-fn stop(mut host: Host) {
+pub(crate) fn stop(mut host: Host) {
     host.signal(Signal::TERM);
     assert!(host.wait_exit().success());
 }
 
 /// A request is served by the guest with exactly one fencing token, the term; each service
 /// answers its route (`/NAME/...` by default, or its `route`), the most specific first, and a
-/// path no route matches is the host's 404.
+/// path no route matches is the host's 404. Of two services with one route, the first by name
+/// is served.
 #[test]
 fn a_request_is_served_by_route_with_the_fencing_token_and_no_route_is_404() {
     let addr = free_addr();
     let dir = hello_dir(
-        &["hello", "api"],
-        "[service.api]\nroute = \"/api/v1/...\"\n",
+        &["hello", "api", "late"],
+        "[service.api]\nroute = \"/api/v1/...\"\n[service.late]\nroute = \"/hello/...\"\n",
     );
     let a = serve("a", dir.path(), addr);
     a.wait_for(&["http listening"]);
+    // `late` asks for the default route of `hello`, which has no table: the first by name
+    // keeps it, and the other is not served, with a line that says why.
+    let line = a.wait_for(&["HTTP service not served: its route is another service's"]);
+    assert!(
+        line.text.contains("\"late\"") && line.text.contains("\"hello\""),
+        "{}",
+        line.text
+    );
 
     let (status, tokens, body) = get(addr, "/hello/world?x=1");
     assert_eq!(
@@ -149,5 +164,163 @@ fn a_standby_does_not_accept_and_serves_once_the_leader_stops() {
     let (status, tokens, body) = get(shared, "/hello/again");
     assert_eq!((status, body.as_str()), (200, "hello from /hello/again"));
     assert_eq!(tokens, ["2"]);
+    stop(b);
+}
+
+/// A replaced HTTP service keeps answering its route while the new version takes over: a
+/// client asking all along never meets a 404, a 503 or a closed port. The new version is
+/// one component that is a service and an HTTP service at once: its `run` runs (and counts
+/// its runs in its store), and its handler answers beside it, under the same term.
+#[test]
+fn a_replaced_http_service_answers_throughout_and_a_handler_serves_beside_run() {
+    let addr = free_addr();
+    let dir = hello_dir(&["hello"], "");
+    let a = serve("a", dir.path(), addr);
+    a.wait_for(&["http listening"]);
+    let stop_asking = std::sync::atomic::AtomicBool::new(false);
+    let answers = std::thread::scope(|s| {
+        let asker = s.spawn(|| {
+            let mut answers = Vec::new();
+            while !stop_asking.load(std::sync::atomic::Ordering::SeqCst) {
+                let (status, tokens, body) = get(addr, "/hello/x");
+                answers.push((status, tokens, body));
+            }
+            answers
+        });
+        let staged = dir.path().join("services/.hello.wasm.new");
+        std::fs::copy(guests::guest("test/http-both"), &staged).unwrap();
+        std::fs::rename(&staged, dir.path().join("services/hello.wasm")).unwrap();
+        a.wait_for(&["both running term 1"]);
+        loop {
+            let (_, _, body) = get(addr, "/hello/x");
+            if body.starts_with("both:") {
+                break;
+            }
+        }
+        stop_asking.store(true, std::sync::atomic::Ordering::SeqCst);
+        asker.join().unwrap()
+    });
+    assert!(answers.len() > 1, "{answers:?}");
+    for (status, tokens, body) in &answers {
+        assert_eq!(
+            (*status, tokens.as_slice()),
+            (200, ["1".to_owned()].as_slice()),
+            "{body}"
+        );
+        // The new version answers from its start, maybe before its `run` counted.
+        assert!(
+            [
+                "hello from /hello/x",
+                "both: term 1, runs 0",
+                "both: term 1, runs 1"
+            ]
+            .contains(&body.as_str()),
+            "{body}"
+        );
+    }
+    let (_, _, body) = get(addr, "/hello/x");
+    assert_eq!(body, "both: term 1, runs 1");
+    stop(a);
+}
+
+/// Under spread placement each host serves the HTTP services it holds, and answers a route
+/// of one held by another host 503 with `Retry-After` (the client or balancer tries the
+/// other host), never 404.
+#[test]
+fn under_spread_placement_a_host_answers_503_for_a_service_held_elsewhere() {
+    let _heavy = crate::one_heavy_test_at_a_time();
+    let names = ["ha".to_owned(), "hb".to_owned()];
+    let dir = hello_dir(&["ha", "hb"], "placement = \"spread\"\n");
+    let (addr_1, addr_2) = (free_addr(), free_addr());
+    let one = serve_with("one", dir.path(), addr_1, &["--lease", "3s"]);
+    let two = serve_with("two", dir.path(), addr_2, &["--lease", "3s"]);
+    testkit::spread::wait_for_rest(&[&one, &two], &names, &[1, 1]);
+    for (host, addr) in [(&one, addr_1), (&two, addr_2)] {
+        let held = testkit::spread::running(host);
+        let mine = held.first().unwrap().clone();
+        let other = names.iter().find(|n| **n != mine).unwrap();
+        host.wait_for(&["HTTP service routed", &mine]);
+        let (status, tokens, body) = get(addr, &format!("/{mine}/x"));
+        assert_eq!((status, tokens.len()), (200, 1), "{}: {body}", host.name);
+        let answer = raw_get(addr, &format!("/{other}/x"));
+        assert!(
+            answer.starts_with("HTTP/1.1 503"),
+            "{}: {answer}",
+            host.name
+        );
+        assert!(
+            answer
+                .to_ascii_lowercase()
+                .contains("\r\nretry-after: 1\r\n"),
+            "{answer}"
+        );
+        let (status, _, _) = get(addr, "/nothing/x");
+        assert_eq!(status, 404);
+    }
+    stop(one);
+    stop(two);
+}
+
+/// GET `path` on `addr` on a connection of its own, as written on the wire: the whole answer.
+fn raw_get(addr: SocketAddr, path: &str) -> String {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    stream.read_to_end(&mut out).unwrap();
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A response in progress when its host's lease deadline passes is never completed: the
+/// leader is stopped (SIGSTOP) mid-response until a standby has taken over, and once it
+/// runs again (SIGCONT) the connection is cut, without the body's last chunk, so the client
+/// cannot take a truncated body for a whole one.
+#[test]
+fn a_response_in_progress_is_never_completed_once_its_lease_deadline_passed() {
+    let _heavy = crate::one_heavy_test_at_a_time();
+    let dir = hello_dir(&["hello"], "");
+    let (addr_a, addr_b) = (free_addr(), free_addr());
+    let a = serve_with("a", dir.path(), addr_a, &["--lease", "2s"]);
+    a.wait_for(&["http listening"]);
+    let b = serve_with("b", dir.path(), addr_b, &["--lease", "2s"]);
+    b.wait_for(&["campaigning"]);
+
+    let mut stream = TcpStream::connect(addr_a).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    write!(stream, "GET /hello/slow HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("chunk 1\n") {
+        let n = stream.read(&mut buf).unwrap();
+        assert!(n > 0, "closed before the first chunk");
+        got.extend_from_slice(&buf[..n]);
+    }
+    a.signal(Signal::STOP);
+    b.wait_for(&["http listening"]);
+    a.signal(Signal::CONT);
+    // Until the host cuts the connection (a reset ends it as well as a close).
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    let got = String::from_utf8_lossy(&got);
+    assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+    assert!(!got.contains("chunk 500\n"), "the whole body came: {got}");
+    assert!(
+        !got.ends_with("\r\n0\r\n\r\n"),
+        "the body looks complete: {got}"
+    );
+    let (status, tokens, _) = get(addr_b, "/hello/x");
+    assert_eq!((status, tokens), (200, vec!["2".to_owned()]));
     stop(b);
 }

@@ -10,6 +10,8 @@ mod cli;
 mod etcd;
 mod fencing;
 mod incoming_http;
+mod incoming_limits;
+mod incoming_takeover;
 mod isolation;
 mod keyvalue;
 mod languages;

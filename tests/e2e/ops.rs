@@ -59,7 +59,7 @@ pub(crate) fn get(url: &str) -> (u16, String) {
 }
 
 /// `/metrics`, parsed with a Prometheus text parser: sample name and labels → value.
-fn metrics(base: &str) -> HashMap<String, f64> {
+pub(crate) fn metrics(base: &str) -> HashMap<String, f64> {
     let (status, text) = get(&format!("{base}/metrics"));
     assert_eq!(status, 200, "{text}");
     let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).unwrap();
@@ -80,13 +80,16 @@ fn metrics(base: &str) -> HashMap<String, f64> {
         .collect()
 }
 
-fn value(m: &HashMap<String, f64>, key: &str) -> f64 {
+pub(crate) fn value(m: &HashMap<String, f64>, key: &str) -> f64 {
     *m.get(key)
         .unwrap_or_else(|| panic!("{key} missing from /metrics: {m:?}"))
 }
 
 /// Polls `/metrics` of `base` until `ok` holds (renewals and writes happen on their own time).
-fn metrics_until(base: &str, ok: impl Fn(&HashMap<String, f64>) -> bool) -> HashMap<String, f64> {
+pub(crate) fn metrics_until(
+    base: &str,
+    ok: impl Fn(&HashMap<String, f64>) -> bool,
+) -> HashMap<String, f64> {
     let end = Instant::now() + PATIENCE;
     loop {
         let m = metrics(base);

@@ -1,10 +1,11 @@
 //! Every bound of a setting (SPEC §8: no setting can make the host panic or hang), and the
 //! check of the settings against them ([`validate`]), which names the setting and the bound.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use super::error::ConfigError;
+use super::route::Route;
 use super::service::{GrantConfig, IncomingHttpConfig, KvLimitsConfig, OutgoingHttpConfig};
 
 /// The wait before a failed service's first restart; each failure in a row doubles it.
@@ -59,6 +60,12 @@ pub const MIN_INCOMING_TIMEOUT: Duration = Duration::from_millis(1);
 /// The longest incoming request timeout: a request still running after an hour holds a
 /// store and a slot of its service's concurrency for nothing.
 pub const MAX_INCOMING_TIMEOUT: Duration = Duration::from_hours(1);
+/// The largest request body a limit may allow: 4 GiB.
+pub const MAX_INCOMING_BODY_BYTES: u64 = 4 << 30;
+/// The smallest request head a limit may allow: hyper's smallest read buffer, 8 KiB.
+pub const MIN_INCOMING_HEADER_BYTES: u64 = 8 << 10;
+/// The largest request head a limit may allow: 1 MiB.
+pub const MAX_INCOMING_HEADER_BYTES: u64 = 1 << 20;
 
 /// The values [`validate`] bounds.
 #[derive(Clone, Copy, Debug)]
@@ -192,18 +199,41 @@ pub(super) fn check_services(grants: &BTreeMap<String, GrantConfig>) -> Result<(
                 reason: format!("service {name}: bucket {bucket:?} {reason}"),
             })?;
         }
-        if let Some(route) = &grant.route {
-            super::route::Route::parse(route).map_err(|reason| ConfigError::Invalid {
-                name: "service.*.route",
-                reason: format!("service {name}: route {route:?} {reason}"),
-            })?;
-        }
         if let Some(key) = grant.config.keys().find(|k| k.is_empty()) {
             return Err(ConfigError::Invalid {
                 name: "service.*.config",
                 reason: format!("service {name}: config key {key:?} is empty"),
             });
         }
+    }
+    check_routes(grants)
+}
+
+/// Checks the `route` of each `[service.NAME]` table: well formed, and no two services with
+/// one route (a table without `route` has `/NAME/...`).
+///
+/// # Errors
+/// Naming the service and the route, and the service that already has it.
+fn check_routes(grants: &BTreeMap<String, GrantConfig>) -> Result<(), ConfigError> {
+    let mut taken: HashMap<Route, &str> = HashMap::new();
+    for (name, grant) in grants {
+        let route = match &grant.route {
+            Some(text) => Route::parse(text).map_err(|reason| ConfigError::Invalid {
+                name: "service.*.route",
+                reason: format!("service {name}: route {text:?} {reason}"),
+            })?,
+            None => Route::default_for(name),
+        };
+        if let Some(first) = taken.get(&route) {
+            return Err(ConfigError::Invalid {
+                name: "service.*.route",
+                reason: format!(
+                    "service {name}: route \"{route}\" is already service {first}'s; two \
+                     services cannot share a route"
+                ),
+            });
+        }
+        taken.insert(route, name);
     }
     Ok(())
 }
@@ -307,15 +337,42 @@ pub(super) fn check_incoming_http(limits: &IncomingHttpConfig) -> Result<(), Con
             "max-concurrent = {n} is out of range 1..={MAX_INCOMING_CONCURRENT}"
         ));
     }
-    if let Some(d) = limits.request_timeout
-        && !(MIN_INCOMING_TIMEOUT..=MAX_INCOMING_TIMEOUT).contains(&d)
-    {
-        return invalid(format!(
-            "request-timeout = {} is out of range {}..={}",
-            show(d),
-            show(MIN_INCOMING_TIMEOUT),
-            show(MAX_INCOMING_TIMEOUT)
-        ));
+    for (key, value) in [
+        ("request-timeout", limits.request_timeout),
+        ("idle-timeout", limits.idle_timeout),
+    ] {
+        if let Some(d) = value
+            && !(MIN_INCOMING_TIMEOUT..=MAX_INCOMING_TIMEOUT).contains(&d)
+        {
+            return invalid(format!(
+                "{key} = {} is out of range {}..={}",
+                show(d),
+                show(MIN_INCOMING_TIMEOUT),
+                show(MAX_INCOMING_TIMEOUT)
+            ));
+        }
+    }
+    for (key, value, range) in [
+        (
+            "max-body-bytes",
+            limits.max_body_bytes,
+            1..=MAX_INCOMING_BODY_BYTES,
+        ),
+        (
+            "max-header-bytes",
+            limits.max_header_bytes,
+            MIN_INCOMING_HEADER_BYTES..=MAX_INCOMING_HEADER_BYTES,
+        ),
+    ] {
+        if let Some(n) = value
+            && !range.contains(&n)
+        {
+            return invalid(format!(
+                "{key} = {n} is out of range {}..={}",
+                range.start(),
+                range.end()
+            ));
+        }
     }
     Ok(())
 }

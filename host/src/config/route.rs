@@ -2,10 +2,11 @@
 //! the form Spin users write: a prefix ending in `/...`, or an exact path. Parsing and
 //! matching are pure; the runtime picks the most specific match of all the routes.
 
+use std::borrow::Borrow;
 use std::fmt;
 
 /// Where an HTTP service is served: every path under a prefix, or one exact path.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Route {
     /// The path without the trailing `/...` of a prefix (`""` for `/...`: every path).
     base: String,
@@ -80,20 +81,27 @@ impl fmt::Display for Route {
     }
 }
 
-/// Of `routes` (name, route), the one that answers `path`: the most specific match, the first
-/// name among equals.
-pub fn pick<'a, T>(routes: impl IntoIterator<Item = (&'a Route, T)>, path: &str) -> Option<T> {
-    let mut best: Option<((usize, bool), T)> = None;
-    for (route, value) in routes {
+/// Of `routes` (route, key), the key of the one that answers `path`: the most specific match,
+/// the least key among equals (the first service by name).
+pub fn pick<R: Borrow<Route>, K: Ord>(
+    routes: impl IntoIterator<Item = (R, K)>,
+    path: &str,
+) -> Option<K> {
+    let mut best: Option<((usize, bool), K)> = None;
+    for (route, key) in routes {
+        let route = route.borrow();
         if !route.matches(path) {
             continue;
         }
         let s = route.specificity();
-        if best.as_ref().is_none_or(|(b, _)| s > *b) {
-            best = Some((s, value));
+        if best
+            .as_ref()
+            .is_none_or(|(b, k)| s > *b || (s == *b && key < *k))
+        {
+            best = Some((s, key));
         }
     }
-    best.map(|(_, value)| value)
+    best.map(|(_, key)| key)
 }
 
 #[cfg(test)]
@@ -137,6 +145,11 @@ mod tests {
         assert_eq!(pick("/api/x"), Some("api"));
         assert_eq!(pick("/api/users/1"), Some("users"));
         assert_eq!(pick("/api/users"), Some("exact"));
+        let tied = [(route("/api/..."), "b"), (route("/api/..."), "a")];
+        assert_eq!(
+            super::pick(tied.iter().map(|(r, n)| (r, *n)), "/api/x"),
+            Some("a")
+        );
         let none: [(Route, &str); 1] = [(route("/api/..."), "api")];
         assert_eq!(super::pick(none.iter().map(|(r, n)| (r, *n)), "/x"), None);
     }

@@ -69,6 +69,15 @@ pub struct IncomingHttpConfig {
     /// The longest a request may take, from its admission to the end of its response.
     #[serde(default, with = "opt_duration")]
     pub request_timeout: Option<Duration>,
+    /// The largest request body; a larger one is refused (413), unread when it says its
+    /// length.
+    pub max_body_bytes: Option<u64>,
+    /// The largest request head (request line and headers); a larger one is refused (431).
+    pub max_header_bytes: Option<u64>,
+    /// The longest a connection may wait for a request's head: idle between two requests
+    /// (keep-alive), or a head sent slowly; then it is closed.
+    #[serde(default, with = "opt_duration")]
+    pub idle_timeout: Option<Duration>,
 }
 
 /// `[outgoing-http]` (host-wide) and `[service.NAME.outgoing-http]`: limits on a service's

@@ -303,6 +303,40 @@ fn incoming_http_settings_are_read_and_bad_values_named() {
         Some(Duration::from_secs(5))
     );
     assert_eq!(on.grants["api"].route.as_deref(), Some("/api/..."));
+    let limits = resolve(
+        "[incoming-http]\nmax-body-bytes = 1000\nmax-header-bytes = 16384\n\
+         idle-timeout = \"2s\"\n",
+        None,
+    )
+    .unwrap()
+    .incoming_http;
+    assert_eq!(
+        (
+            limits.max_body_bytes,
+            limits.max_header_bytes,
+            limits.idle_timeout
+        ),
+        (Some(1000), Some(16384), Some(Duration::from_secs(2)))
+    );
+    // Two services with one route (a table without `route` has `/NAME/...`).
+    for (text, names) in [
+        (
+            "[service.a]\nroute = \"/x/...\"\n[service.b]\nroute = \"/x/...\"\n",
+            "service b: route \"/x/...\" is already service a's",
+        ),
+        (
+            "[service.a]\nroute = \"/b/...\"\n[service.b]\nenv = []\n",
+            "service b: route \"/b/...\" is already service a's",
+        ),
+    ] {
+        let e = resolve(text, None).unwrap_err().to_string();
+        assert!(e.contains(names), "{text}: {e}");
+    }
+    resolve(
+        "[service.a]\nroute = \"/x\"\n[service.b]\nroute = \"/x/...\"\n",
+        None,
+    )
+    .unwrap();
     let flag = resolve("http-addr = \"0.0.0.0:8080\"\n", Some("127.0.0.1:9000")).unwrap();
     assert_eq!(flag.http_addr, Some("127.0.0.1:9000".parse().unwrap()));
 
@@ -317,6 +351,10 @@ fn incoming_http_settings_are_read_and_bad_values_named() {
         "max-concurrent = 0",
         "max-concurrent = 100001",
         "request-timeout = \"2h\"",
+        "idle-timeout = \"2h\"",
+        "max-body-bytes = 0",
+        "max-header-bytes = 1024",
+        "max-header-bytes = 2000000",
     ] {
         let e = resolve(&format!("[incoming-http]\n{bad}\n"), None).unwrap_err();
         assert!(

@@ -14,6 +14,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 
+use super::incoming::IncomingMetrics;
 use super::outgoing::HttpMetrics;
 
 /// How one renewal attempt ended (`vvm_lease_renewals_total{outcome}`).
@@ -161,6 +162,8 @@ pub(super) struct Metrics {
     kv_limits: Family<LimitLabels, Counter>,
     service_state: Family<StateLabels, Gauge>,
     pub http: HttpMetrics,
+    /// Requests served to HTTP services.
+    pub incoming: IncomingMetrics,
 }
 
 impl Metrics {
@@ -168,6 +171,7 @@ impl Metrics {
         let renewals = Family::<OutcomeLabels, Counter>::default();
         let mut registry = Registry::default();
         let http = HttpMetrics::new(&mut registry);
+        let incoming = IncomingMetrics::new(&mut registry);
         let mut metrics = Self {
             registry,
             lease_held: Family::default(),
@@ -186,6 +190,7 @@ impl Metrics {
             kv_limits: Family::default(),
             service_state: Family::default(),
             http,
+            incoming,
         };
         metrics.register_lease(renewals);
         metrics.register_services();
@@ -309,6 +314,7 @@ impl Metrics {
             let _ = self.kv_limits.remove(&limit_labels(service, limit));
         }
         self.http.service_removed(service);
+        self.incoming.service_removed(service);
         for state in SERVICE_STATES {
             self.service_state.remove(&StateLabels {
                 service: service.to_owned(),

@@ -13,6 +13,7 @@
 
 mod health;
 mod http;
+mod incoming;
 mod metrics;
 mod outgoing;
 
@@ -181,6 +182,19 @@ impl Ops {
         self.inner.metrics.http.request(service, outcome, took);
     }
 
+    /// A request routed to HTTP service `service` was answered `status` (none: the connection
+    /// was aborted before a response head) `took` after its admission.
+    pub fn http_served(&self, service: &str, status: Option<u16>, took: Duration) {
+        self.inner.metrics.incoming.request(service, status, took);
+    }
+
+    /// Counts one request of HTTP service `service` in flight until dropped.
+    pub fn http_in_flight(&self, service: &str) -> RunningGuard {
+        let gauge = self.inner.metrics.incoming.in_flight(service);
+        gauge.inc();
+        RunningGuard { gauge }
+    }
+
     /// The Prometheus (`OpenMetrics`) text exposition of every metric, as of now.
     pub fn render(&self) -> String {
         let m = &self.inner.metrics;
@@ -205,7 +219,7 @@ impl Ops {
     }
 }
 
-/// Counts one running service instance until dropped.
+/// Counts one running service instance (or request in flight) until dropped.
 #[derive(Debug)]
 pub struct RunningGuard {
     gauge: Gauge,

@@ -51,12 +51,22 @@ struct RequestLabels {
     outcome: &'static str,
 }
 
+/// A series per service.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct DurationLabels {
-    service: String,
+pub(super) struct ServiceLabels {
+    pub service: String,
 }
 
-type DurationFamily = Family<DurationLabels, Histogram, fn() -> Histogram>;
+impl ServiceLabels {
+    pub fn of(service: &str) -> Self {
+        Self {
+            service: service.to_owned(),
+        }
+    }
+}
+
+/// A duration histogram per service.
+pub(super) type DurationFamily = Family<ServiceLabels, Histogram, fn() -> Histogram>;
 
 /// The outgoing HTTP metrics, registered once.
 #[derive(Debug)]
@@ -66,7 +76,7 @@ pub(super) struct HttpMetrics {
 }
 
 /// 1 ms to ~65 s by 4×, then +Inf.
-fn duration_histogram() -> Histogram {
+pub(super) fn duration_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 4.0, 9))
 }
 
@@ -94,9 +104,7 @@ impl HttpMetrics {
         self.requests.get_or_create(&labels(service, outcome)).inc();
         if let Some(took) = took {
             self.duration
-                .get_or_create(&DurationLabels {
-                    service: service.to_owned(),
-                })
+                .get_or_create(&ServiceLabels::of(service))
                 .observe(took.as_secs_f64());
         }
     }
@@ -113,9 +121,7 @@ impl HttpMetrics {
         for outcome in HttpOutcome::ALL {
             let _ = self.requests.remove(&labels(service, outcome));
         }
-        let _ = self.duration.remove(&DurationLabels {
-            service: service.to_owned(),
-        });
+        let _ = self.duration.remove(&ServiceLabels::of(service));
     }
 }
 

@@ -28,6 +28,11 @@ pub enum ServiceKind {
     /// An HTTP service (`wasi:http/proxy`): exports `wasi:http/incoming-handler`, and is
     /// served on `http-addr` by route, one instance per request.
     Http,
+    /// A `vvm:host/service` that also exports `wasi:http/incoming-handler`: `run` runs as a
+    /// service's does, and requests are served beside it, each in its own instance.
+    ServiceAndHttp,
+    /// A `wasi:cli/command` that also exports `wasi:http/incoming-handler`.
+    CommandAndHttp,
 }
 
 impl fmt::Display for ServiceKind {
@@ -36,6 +41,8 @@ impl fmt::Display for ServiceKind {
             Self::Service => "vvm:host/service",
             Self::Command => "wasi:cli/command",
             Self::Http => "wasi:http/proxy",
+            Self::ServiceAndHttp => "vvm:host/service + wasi:http/incoming-handler",
+            Self::CommandAndHttp => "wasi:cli/command + wasi:http/incoming-handler",
         })
     }
 }
@@ -95,14 +102,14 @@ pub struct LoadStats {
     pub cache_hits: usize,
 }
 
-/// A component ready to instantiate.
+/// What a service runs for as long as it runs, pre-instantiated.
 pub(crate) enum Pre {
-    /// The `vvm:host/service` world.
+    /// `run` of the `vvm:host/service` world.
     Service(ServicePre<Host>),
-    /// The `wasi:cli/command` world.
+    /// `wasi:cli/run` of the `wasi:cli/command` world.
     Command(CommandPre<Host>),
-    /// The `wasi:http/proxy` world (an `incoming-handler` export).
-    Http(ProxyPre<Host>),
+    /// Nothing: the `wasi:http/proxy` world is only served, request by request.
+    Http,
 }
 
 /// One loaded service.
@@ -111,18 +118,28 @@ pub(crate) struct Loaded {
     pub name: String,
     /// The version: the first 12 hex digits of the SHA-256 of the file (as `sha256sum`).
     pub version: String,
-    /// Which world, and its pre-instantiated form.
+    /// What it runs.
     pub pre: Pre,
+    /// Its `wasi:http/incoming-handler`, if it exports one: served on `http-addr`, one
+    /// instance per request.
+    pub handler: Option<ProxyPre<Host>>,
 }
 
 impl Loaded {
     /// The world the service targets.
     pub fn kind(&self) -> ServiceKind {
-        match self.pre {
-            Pre::Service(_) => ServiceKind::Service,
-            Pre::Command(_) => ServiceKind::Command,
-            Pre::Http(_) => ServiceKind::Http,
+        match (&self.pre, self.handler.is_some()) {
+            (Pre::Service(_), false) => ServiceKind::Service,
+            (Pre::Service(_), true) => ServiceKind::ServiceAndHttp,
+            (Pre::Command(_), false) => ServiceKind::Command,
+            (Pre::Command(_), true) => ServiceKind::CommandAndHttp,
+            (Pre::Http, _) => ServiceKind::Http,
         }
+    }
+
+    /// Whether it is served on `http-addr`.
+    pub fn serves_http(&self) -> bool {
+        self.handler.is_some()
     }
 }
 
@@ -240,9 +257,14 @@ impl Compiler<'_> {
             tracing::debug!(service = name, error = %format!("{e:#}"),
                 "no copy-on-write image ahead of the first start");
         }
-        let pre = classify(self.engine, &component, linker).map_err(fail)?;
+        let (pre, handler) = classify(self.engine, &component, linker).map_err(fail)?;
         let version = file.version();
-        Ok(Loaded { name, version, pre })
+        Ok(Loaded {
+            name,
+            version,
+            pre,
+            handler,
+        })
     }
 
     /// The compiled component for `file`, from the cache if it is there.
@@ -277,12 +299,13 @@ fn check_header(bytes: &[u8]) -> Result<(), String> {
     }
 }
 
-/// Finds the world `component` targets and pre-instantiates it against `linker`.
+/// Finds the world `component` targets and pre-instantiates it against `linker`: what it
+/// runs, and its HTTP handler if it exports one.
 fn classify(
     engine: &Engine,
     component: &Component,
     linker: &Linker<Host>,
-) -> Result<Pre, LoadErrorKind> {
+) -> Result<(Pre, Option<ProxyPre<Host>>), LoadErrorKind> {
     let ty = component.component_type();
     let exports: Vec<&str> = ty.exports(engine).map(|(name, _)| name).collect();
     let is_service = exports.contains(&"run");
@@ -301,29 +324,32 @@ fn classify(
     let pre = linker
         .instantiate_pre(component)
         .map_err(LoadErrorKind::Imports)?;
-    if !is_service && !is_command {
-        return ProxyPre::new(pre)
-            .map(Pre::Http)
-            .map_err(|source| LoadErrorKind::WrongType {
+    let handler = is_http
+        .then(|| {
+            ProxyPre::new(pre.clone()).map_err(|source| LoadErrorKind::WrongType {
                 export: "`wasi:http/incoming-handler`",
                 source,
-            });
-    }
-    if is_service {
-        ServicePre::new(pre)
-            .map(Pre::Service)
-            .map_err(|source| LoadErrorKind::WrongType {
+            })
+        })
+        .transpose()?;
+    let runs = if is_service {
+        Pre::Service(
+            ServicePre::new(pre).map_err(|source| LoadErrorKind::WrongType {
                 export: "`run`",
                 source,
-            })
-    } else {
-        CommandPre::new(pre)
-            .map(Pre::Command)
-            .map_err(|source| LoadErrorKind::WrongType {
+            })?,
+        )
+    } else if is_command {
+        Pre::Command(
+            CommandPre::new(pre).map_err(|source| LoadErrorKind::WrongType {
                 export: "`wasi:cli/run`",
                 source,
-            })
-    }
+            })?,
+        )
+    } else {
+        Pre::Http
+    };
+    Ok((runs, handler))
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::Grants;
-use super::component::{Loaded, Pre};
+use super::component::Loaded;
 use super::engine::Runtime;
 use super::incoming::HttpServer;
 use super::live_dir::Catalogue;
@@ -153,8 +153,8 @@ impl Reconciler {
                 grants.map_or(&HttpPolicy::default(), |g| &g.http),
             ),
         });
-        if let Pre::Http(pre) = &svc.pre {
-            self.http.register(&env, pre);
+        if let Some(handler) = &svc.handler {
+            self.http.register(&env, handler);
         }
         let (created, rx) = oneshot::channel();
         let first = FirstStart {
@@ -186,11 +186,16 @@ impl Reconciler {
         rx
     }
 
-    /// Stops serving the HTTP services among `names` (the listener closes with the last),
-    /// tells the services `names` to stop, waits out their grace period, then drops every
-    /// instance still there.
-    async fn stop(&mut self, names: &[String]) {
-        self.http.unregister(names).await;
+    /// Stops serving the HTTP services among `names` but those in `handing_over` (the
+    /// listener closes with the last route), tells the services `names` to stop, waits out
+    /// their grace period, then drops every instance still there.
+    async fn stop(&mut self, names: &[String], handing_over: &[String]) {
+        let unrouted: Vec<String> = names
+            .iter()
+            .filter(|n| !handing_over.contains(n))
+            .cloned()
+            .collect();
+        self.http.unregister(&unrouted).await;
         let mut stopping: Vec<Supervised> = names
             .iter()
             .filter_map(|n| self.running.remove(n))
@@ -244,7 +249,7 @@ impl Reconciler {
             self.apply(&now).await;
         }
         let all: Vec<String> = self.running.keys().cloned().collect();
-        self.stop(&all).await;
+        self.stop(&all, &[]).await;
     }
 
     /// Stops what was replaced or removed, then starts what is new.
@@ -262,7 +267,18 @@ impl Reconciler {
         for name in &outdated {
             tracing::debug!(service = name, "stopping: replaced or removed");
         }
-        self.stop(&outdated).await;
+        // An HTTP service replaced by one keeps its route meanwhile: the old version answers
+        // until the new one takes the route over at its start, so no request meets a 404 (nor,
+        // with the last route, a closed listener).
+        let handing_over: Vec<String> = outdated
+            .iter()
+            .filter(|n| {
+                self.running.get(*n).is_some_and(|s| s.loaded.serves_http())
+                    && catalogue.get(*n).is_some_and(|svc| svc.serves_http())
+            })
+            .cloned()
+            .collect();
+        self.stop(&outdated, &handing_over).await;
         for (name, svc) in catalogue {
             // Checked right before each start, with no await in between: nothing starts once
             // the stop is signalled.
@@ -274,6 +290,12 @@ impl Reconciler {
                 drop(self.start(svc));
             }
         }
+        // Those that did not start (the stop came) give their route up now.
+        let orphaned: Vec<String> = handing_over
+            .into_iter()
+            .filter(|n| !self.running.contains_key(n))
+            .collect();
+        self.http.unregister(&orphaned).await;
     }
 }
 

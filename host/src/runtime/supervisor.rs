@@ -245,7 +245,7 @@ async fn run_once(
             // A command cannot hear the stop signal: no grace period.
             finish(env, None, handles, run).await
         }
-        Pre::Http(_) => {
+        Pre::Http => {
             // Served per request (`incoming`): each request has its own store and instance.
             drop(store);
             created(started).await;

@@ -118,12 +118,13 @@ impl WasmServices {
             "services loaded"
         );
         let rt = Arc::new(Runtime::start(config, engine, ops)?);
+        let catalogue = watch::channel(services).0;
         Ok((
             Self {
-                http: Arc::new(HttpServer::new(Arc::clone(&rt))),
+                http: Arc::new(HttpServer::new(Arc::clone(&rt), catalogue.subscribe())),
                 rt,
                 linker,
-                catalogue: Arc::new(watch::channel(services).0),
+                catalogue: Arc::new(catalogue),
                 stats,
                 live: Mutex::new(None),
                 rejected,

@@ -63,6 +63,14 @@ pub struct IncomingLimits {
     /// The longest a request may take, from admission to the end of its response. Default
     /// 30 s.
     pub request_timeout: Duration,
+    /// The largest request body; a larger one is refused with 413. Default 10 MiB.
+    pub max_body_bytes: u64,
+    /// The largest request head (request line and headers); a larger one is refused with
+    /// 431. Default 64 KiB.
+    pub max_header_bytes: usize,
+    /// The longest a connection waits for a request's head (idle between requests, or a
+    /// head sent slowly) before it is closed. Default 30 s.
+    pub idle_timeout: Duration,
 }
 
 impl Default for IncomingLimits {
@@ -71,6 +79,9 @@ impl Default for IncomingLimits {
             addr: None,
             max_concurrent: 1000,
             request_timeout: Duration::from_secs(30),
+            max_body_bytes: 10 << 20,
+            max_header_bytes: 64 << 10,
+            idle_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -83,6 +94,12 @@ impl IncomingLimits {
             addr,
             max_concurrent: file.max_concurrent.unwrap_or(self.max_concurrent),
             request_timeout: file.request_timeout.unwrap_or(self.request_timeout),
+            max_body_bytes: file.max_body_bytes.unwrap_or(self.max_body_bytes),
+            // Bounded to at most 1 MiB by the settings' check.
+            max_header_bytes: file.max_header_bytes.map_or(self.max_header_bytes, |n| {
+                usize::try_from(n).unwrap_or(usize::MAX)
+            }),
+            idle_timeout: file.idle_timeout.unwrap_or(self.idle_timeout),
         }
     }
 }

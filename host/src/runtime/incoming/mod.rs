@@ -15,21 +15,25 @@
 mod body;
 mod serve;
 
-use std::collections::BTreeMap;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use hyper::server::conn::http1;
+use hyper_util::rt::TokioTimer;
 use tokio::net::{TcpListener, TcpSocket};
-use tokio::sync::Semaphore;
+use tokio::sync::{Notify, Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::{AbortOnDropHandle, TaskTracker};
 use wasmtime_wasi_http::io::TokioIo;
 use wasmtime_wasi_http::p2::bindings::ProxyPre;
 
+use super::Grants;
 use super::engine::Runtime;
+use super::live_dir::Catalogue;
 use super::state::{Host, ServiceEnv};
 use crate::config::{Route, pick_route};
 
@@ -50,18 +54,75 @@ pub(crate) struct Entry {
     requests: TaskTracker,
 }
 
-/// What the connections read: the runtime and the routes now.
+/// What the connections read: the runtime, the catalogue, and the routes served now.
 struct Shared {
     rt: Arc<Runtime>,
+    /// Every loaded service: a route of an HTTP service not served here is answered 503 (held
+    /// by another host under spread placement, or between two leaderships), not 404.
+    catalogue: watch::Receiver<Catalogue>,
     routes: Mutex<BTreeMap<String, Arc<Entry>>>,
 }
 
+/// Who answers a request's path.
+enum Routed {
+    /// A service served here now.
+    Here(Arc<Entry>),
+    /// An HTTP service loaded but not served here now.
+    Elsewhere,
+    /// No route matches it.
+    Nowhere,
+}
+
 impl Shared {
-    /// The service that answers `path`, if any.
-    fn route(&self, path: &str) -> Option<Arc<Entry>> {
+    /// Who answers `path`: of the routes of the services served here and of the other HTTP
+    /// services loaded, the most specific match (the first service by name among equals).
+    fn route(&self, path: &str) -> Routed {
         let routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
-        pick_route(routes.values().map(|e| (&e.route, e)), path).map(Arc::clone)
+        let catalogue = self.catalogue.borrow();
+        let grants = self.rt.grants();
+        let served = routes
+            .iter()
+            .map(|(name, e)| (Cow::Borrowed(&e.route), name.as_str()));
+        let others = catalogue
+            .values()
+            .filter(|s| s.serves_http() && !routes.contains_key(&s.name))
+            .map(|s| (Cow::Owned(route_of(&grants, &s.name)), s.name.as_str()));
+        match pick_route(served.chain(others), path) {
+            None => Routed::Nowhere,
+            Some(name) => routes
+                .get(name)
+                .map_or(Routed::Elsewhere, |e| Routed::Here(Arc::clone(e))),
+        }
     }
+
+    /// The services other than `name` that have `route`, served here or not.
+    fn sharing(&self, name: &str, route: &Route) -> Vec<String> {
+        let routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
+        let grants = self.rt.grants();
+        let mut names: Vec<String> = self
+            .catalogue
+            .borrow()
+            .values()
+            .filter(|s| s.serves_http() && s.name != name)
+            .filter(|s| {
+                routes
+                    .get(&s.name)
+                    .map_or_else(|| route_of(&grants, &s.name), |e| e.route.clone())
+                    == *route
+            })
+            .map(|s| s.name.clone())
+            .collect();
+        names.sort();
+        names
+    }
+}
+
+/// The route of service `name` under `grants`: its `route`, or `/NAME/...`.
+fn route_of(grants: &HashMap<String, Grants>, name: &str) -> Route {
+    grants
+        .get(name)
+        .and_then(|g| g.route.clone())
+        .unwrap_or_else(|| Route::default_for(name))
 }
 
 /// The listener while it is open: its task accepts and serves connections until `stop`.
@@ -74,16 +135,22 @@ struct Listening {
 pub(crate) struct HttpServer {
     shared: Arc<Shared>,
     listening: Mutex<Option<Listening>>,
+    /// Services whose route a new version took over, with calls maybe still running: the
+    /// next [`HttpServer::unregister`] waits for them too.
+    retired: Mutex<Vec<Arc<Entry>>>,
 }
 
 impl HttpServer {
-    pub(crate) fn new(rt: Arc<Runtime>) -> Self {
+    /// Serves the HTTP services of `catalogue` that a leadership of this host registers.
+    pub(crate) fn new(rt: Arc<Runtime>, catalogue: watch::Receiver<Catalogue>) -> Self {
         Self {
             shared: Arc::new(Shared {
                 rt,
+                catalogue,
                 routes: Mutex::default(),
             }),
             listening: Mutex::default(),
+            retired: Mutex::default(),
         }
     }
 
@@ -100,11 +167,15 @@ impl HttpServer {
             return;
         };
         let name = env.name.to_string();
-        let route = rt
-            .grants()
-            .get(&name)
-            .and_then(|g| g.route.clone())
-            .unwrap_or_else(|| Route::default_for(&name));
+        let route = route_of(&rt.grants(), &name);
+        let sharing = self.shared.sharing(&name, &route);
+        if let Some(first) = sharing.first().filter(|first| **first < name) {
+            // The settings refuse two `route`s alike; a default route (`/NAME/...`) can still
+            // be another's `route`: the first service by name answers it.
+            tracing::error!(service = name, %route, answered_by = first,
+                "HTTP service not served: its route is another service's");
+            return;
+        }
         tracing::info!(service = name, %route, "HTTP service routed");
         let entry = Arc::new(Entry {
             route,
@@ -120,11 +191,18 @@ impl HttpServer {
             .listening
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        self.shared
+        let replaced = self
+            .shared
             .routes
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(name, entry);
+        if let Some(old) = replaced {
+            self.retired
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(old);
+        }
         if listening.is_none() {
             let stop = CancellationToken::new();
             let task = tokio::spawn(listen(
@@ -140,31 +218,43 @@ impl HttpServer {
         }
     }
 
-    /// Stops serving the services `names`: with the last route the listener closes and its
-    /// connections drain (grace period); then each one's calls still running end.
+    /// Stops serving the services `names`. When they are the last, the listener closes
+    /// first, with their routes still there: the connections finish their request in
+    /// progress within the grace period, under the lease (a client it accepted gets its
+    /// answer, never a 503 of the host's). Then the routes go, and each one's calls still
+    /// running end.
     pub(crate) async fn unregister(&self, names: &[String]) {
-        let (entries, closing) = {
+        let closing = {
             let mut listening = self
                 .listening
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            let mut routes = self
+            let routes = self
                 .shared
                 .routes
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            let entries: Vec<Arc<Entry>> = names.iter().filter_map(|n| routes.remove(n)).collect();
-            let closing = if routes.is_empty() {
+            if routes.keys().all(|n| names.contains(n)) {
                 listening.take()
             } else {
                 None
-            };
-            (entries, closing)
+            }
         };
         if let Some(Listening { stop, mut task }) = closing {
             stop.cancel();
             let _ = (&mut task).await;
         }
+        let entries: Vec<Arc<Entry>> = {
+            let mut routes = self
+                .shared
+                .routes
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let mut entries: Vec<Arc<Entry>> =
+                names.iter().filter_map(|n| routes.remove(n)).collect();
+            entries.append(&mut self.retired.lock().unwrap_or_else(PoisonError::into_inner));
+            entries
+        };
         let bound = self.shared.rt.config.grace_period + Duration::from_secs(1);
         for entry in entries {
             entry.requests.close();
@@ -207,7 +297,17 @@ async fn listen(addr: SocketAddr, shared: Arc<Shared>, stop: CancellationToken, 
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
         }
     }
-    drop(listener);
+    // Connections the kernel completed before the close are taken and answered, not reset.
+    if let Ok(listener) = listener.into_std() {
+        while let Ok((stream, _)) = listener.accept() {
+            if let Ok(stream) = stream
+                .set_nonblocking(true)
+                .and_then(|()| tokio::net::TcpStream::from_std(stream))
+            {
+                connections.spawn(connection(stream, Arc::clone(&shared), closing.clone()));
+            }
+        }
+    }
     tracing::info!(addr = %local, "http listener closed");
     closing.cancel();
     let drained = tokio::time::timeout(grace, async {
@@ -254,20 +354,47 @@ async fn bind(addr: SocketAddr, stop: &CancellationToken) -> Option<TcpListener>
 }
 
 /// Serves one connection until it ends, or, once `closing`, until its request in progress
-/// is answered.
+/// is answered. A connection that waits longer than the idle timeout for a request's head
+/// (idle between requests, or a head sent slowly) is closed; a head over the limit is
+/// answered 431.
 async fn connection(
     stream: tokio::net::TcpStream,
     shared: Arc<Shared>,
     closing: CancellationToken,
 ) {
-    let service = hyper::service::service_fn(move |req| serve::serve(Arc::clone(&shared), req));
+    let limits = shared.rt.config.incoming_http;
+    let asked = Arc::new(Notify::new());
+    let first = Arc::clone(&asked);
+    let service = hyper::service::service_fn(move |req| {
+        first.notify_one();
+        serve::serve(Arc::clone(&shared), req)
+    });
     let conn = http1::Builder::new()
         .keep_alive(true)
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.idle_timeout)
+        .max_header_size(limits.max_header_bytes)
         .serve_connection(TokioIo::new(stream), service);
     tokio::pin!(conn);
+    let mut asked_once = false;
     tokio::select! {
         _ = conn.as_mut() => return,
+        () = asked.notified() => asked_once = true,
         () = closing.cancelled() => {}
+    }
+    if !closing.is_cancelled() {
+        tokio::select! {
+            _ = conn.as_mut() => return,
+            () = closing.cancelled() => {}
+        }
+    }
+    if !asked_once {
+        // A connection just accepted: its first request is read and answered (bounded by
+        // the idle timeout), so a client the host took is never turned away unanswered.
+        tokio::select! {
+            _ = conn.as_mut() => return,
+            () = asked.notified() => {}
+        }
     }
     conn.as_mut().graceful_shutdown();
     let _ = conn.await;

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http_body_util::{BodyExt as _, Full};
-use hyper::body::{Bytes, Incoming};
+use http_body_util::{BodyExt as _, Full, Limited};
+use hyper::body::{Body as _, Bytes, Incoming};
 use hyper::header::{HeaderValue, RETRY_AFTER};
 use hyper::{Request, Response, StatusCode};
 use tokio::sync::OwnedSemaphorePermit;
@@ -15,13 +15,14 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use wasmtime::Store;
 use wasmtime::component::Resource;
-use wasmtime_wasi_http::WasiHttpView as _;
 use wasmtime_wasi_http::p2::bindings::http::types::{ErrorCode, Scheme};
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 use wasmtime_wasi_http::p2::types::{HostIncomingRequest, HostResponseOutparam};
+use wasmtime_wasi_http::{Error, WasiHttpView as _};
 
 use super::body::LeasedBody;
-use super::{Entry, Shared};
+use super::{Entry, Routed, Shared};
+use crate::ops::RunningGuard;
 use crate::runtime::fence::Fenced;
 use crate::runtime::imports::new_store;
 use crate::runtime::outgoing::TOKEN_HEADER;
@@ -58,12 +59,37 @@ pub(super) async fn serve(
     shared: Arc<Shared>,
     req: Request<Incoming>,
 ) -> Result<Response<HyperOutgoingBody>, Aborted> {
-    let Some(entry) = shared.route(req.uri().path()) else {
-        return Ok(plain(StatusCode::NOT_FOUND, "no route\n"));
+    let entry = match shared.route(req.uri().path()) {
+        Routed::Here(entry) => entry,
+        Routed::Elsewhere => return Ok(unavailable("not served by this host now\n")),
+        Routed::Nowhere => return Ok(plain(StatusCode::NOT_FOUND, "no route\n")),
     };
+    let admitted = Instant::now();
+    let answer = handle(&shared, entry.clone(), req).await;
+    let status = answer.as_ref().ok().map(|r| r.status().as_u16());
+    (entry.env.ops).http_served(&entry.env.name, status, admitted.elapsed());
+    answer
+}
+
+/// Handles `req` for the service of `entry`: its handler's response, or the host's 413 or
+/// 503 (or 504, or 500 when the handler gave no response).
+async fn handle(
+    shared: &Shared,
+    entry: Arc<Entry>,
+    req: Request<Incoming>,
+) -> Result<Response<HyperOutgoingBody>, Aborted> {
     // Admitted only under the lease: the term is the environment's, pinned from here on.
     if entry.env.deadline.has_passed() {
         return Ok(unavailable("not leading\n"));
+    }
+    let max_body = shared.rt.config.incoming_http.max_body_bytes;
+    if req.body().size_hint().lower() > max_body {
+        // Refused unread: hyper sends no `100 Continue` for a body nobody polls, and closes
+        // the connection rather than read the rest.
+        return Ok(plain(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request body too large\n",
+        ));
     }
     let Ok(permit) = Arc::clone(&entry.permits).try_acquire_owned() else {
         tracing::warn!(
@@ -93,7 +119,7 @@ pub(super) async fn serve(
     let resources = store
         .data_mut()
         .http()
-        .new_incoming_request(Scheme::Http, req)
+        .new_incoming_request(Scheme::Http, req.map(|body| limited(body, max_body)))
         .and_then(|request| Ok((request, store.data_mut().http().new_response_outparam(tx)?)));
     let Ok((request, out)) = resources else {
         return Ok(plain(StatusCode::BAD_REQUEST, "bad request\n"));
@@ -106,6 +132,7 @@ pub(super) async fn serve(
         timeout_at,
         grace: rt.config.grace_period,
         _permit: permit,
+        _in_flight: entry.env.ops.http_in_flight(&entry.env.name),
     };
     entry.requests.spawn(call.run(store, request, out));
     let head = tokio::select! {
@@ -116,6 +143,17 @@ pub(super) async fn serve(
         }
     };
     answer(&entry, head, timeout_at, broken)
+}
+
+/// `body`, ending in an error once it has given more than `max` bytes (a body of unknown
+/// length, chunked): the guest's read fails rather than the host buffering on.
+fn limited(body: Incoming, max: u64) -> impl hyper::body::Body<Data = Bytes, Error = Error> {
+    Limited::new(body, usize::try_from(max).unwrap_or(usize::MAX)).map_err(|e| {
+        match e.downcast::<hyper::Error>() {
+            Ok(e) => Error::Hyper(*e),
+            Err(_) => Error::HttpRequestBodySize(None),
+        }
+    })
 }
 
 /// The response to send for the handler's `head` (or why there is none).
@@ -157,6 +195,8 @@ struct Call {
     grace: Duration,
     /// A place in the service's concurrency, held until the call ends.
     _permit: OwnedSemaphorePermit,
+    /// Counted in flight until the call ends.
+    _in_flight: RunningGuard,
 }
 
 impl Call {
