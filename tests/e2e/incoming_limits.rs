@@ -108,6 +108,10 @@ fn past_the_concurrency_limit_a_request_is_503_with_retry_after_and_counted() {
         &["--lease", "5s", "--metrics-addr", &metrics_addr],
     );
     host.wait_for(&["http listening"]);
+    let base = format!("http://{metrics_addr}");
+    let ok = "vvm_http_incoming_requests_total{class=2xx,service=hello}";
+    // The series exist from the load, at 0 (so that `increase()` sees the first request).
+    metrics_until(&base, |m| m.get(ok) == Some(&0.0));
     let (status, _, _) = get(addr, "/hello/first");
     assert_eq!(status, 200);
 
@@ -116,7 +120,6 @@ fn past_the_concurrency_limit_a_request_is_503_with_retry_after_and_counted() {
     waiting
         .write_all(b"GET /hello/wait HTTP/1.1\r\nhost: a\r\n\r\n")
         .unwrap();
-    let base = format!("http://{metrics_addr}");
     let in_flight = "vvm_http_incoming_in_flight{service=hello}";
     metrics_until(&base, |m| m.get(in_flight) == Some(&1.0));
 

@@ -79,6 +79,17 @@ impl IncomingMetrics {
             .clone()
     }
 
+    /// Every series of HTTP service `service` exists from its load, at 0.
+    pub fn service_loaded(&self, service: &str) {
+        for class in CLASSES {
+            drop(self.requests.get_or_create(&RequestLabels {
+                service: service.to_owned(),
+                class,
+            }));
+        }
+        drop(self.in_flight.get_or_create(&ServiceLabels::of(service)));
+    }
+
     /// Every series of `service` goes with it.
     pub fn service_removed(&self, service: &str) {
         for class in CLASSES {

@@ -136,9 +136,14 @@ impl Ops {
     }
 
     /// Service `service` was loaded (at start or into the live directory): its series exist
-    /// from now on, at 0.
-    pub fn service_loaded(&self, service: &str) {
+    /// from now on, at 0; those of incoming HTTP only if it `serves_http`.
+    pub fn service_loaded(&self, service: &str, serves_http: bool) {
         self.inner.metrics.service_loaded(service);
+        if serves_http {
+            self.inner.metrics.incoming.service_loaded(service);
+        } else {
+            self.inner.metrics.incoming.service_removed(service);
+        }
     }
 
     /// Service `service` was removed from the services directory: its series go.

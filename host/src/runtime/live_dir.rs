@@ -381,7 +381,7 @@ impl Follower {
                         );
                     }
                 }
-                self.rt.ops.service_loaded(name);
+                self.rt.ops.service_loaded(name, loaded.serves_http());
                 self.catalogue.send_modify(|c| {
                     c.insert(name.to_owned(), Arc::new(loaded));
                 });

@@ -95,7 +95,7 @@ impl WasmServices {
                     let compiled = compiler.stats.compiled > compiled_before;
                     let duration_ms = step.elapsed_ms();
                     progress.suspend(|| tracing::info!(service = %loaded.name, world = %loaded.kind(), compiled, duration_ms, "service loaded"));
-                    ops.service_loaded(&loaded.name);
+                    ops.service_loaded(&loaded.name, loaded.serves_http());
                     services.insert(loaded.name.clone(), Arc::new(loaded));
                 }
                 Err(e) => {
