@@ -42,12 +42,18 @@ fn get(addr: SocketAddr, path: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Admission is under the lease: before the local deadline a request is served with the
-/// term; once it has passed (the store may still say this host leads), a response in
-/// progress is cut, never completed, and a new request is answered 503 with `Retry-After`
-/// without reaching the guest. On stop the listener closes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn past_the_lease_deadline_a_response_is_cut_and_a_request_is_503() {
+/// `test/http-hello` as service `hello`, served on a free loopback port under a lease whose
+/// deadline the test moves.
+struct Served {
+    _dir: TempDir,
+    addr: SocketAddr,
+    term: u64,
+    clock: Arc<SystemClock>,
+    move_deadline: tokio::sync::watch::Sender<vvm_host::clock::Timestamp>,
+    running: Box<dyn vvm_host::services::RunningServices>,
+}
+
+async fn serve(edit: impl FnOnce(&mut RuntimeConfig)) -> Served {
     logs::init();
     let dir = TempDir::new().unwrap();
     guests::install(dir.path(), &[("test/http-hello", "hello")]);
@@ -58,6 +64,7 @@ async fn past_the_lease_deadline_a_response_is_cut_and_a_request_is_503() {
     let mut config = RuntimeConfig::new(dir.path());
     config.cache_dir = dir.path().join("cache");
     config.incoming_http.addr = Some(addr);
+    edit(&mut config);
     let (services, _) =
         WasmServices::load(config, Ops::new(Arc::new(SystemClock::local()))).unwrap();
     let clock = Arc::new(SystemClock::local());
@@ -85,15 +92,41 @@ async fn past_the_lease_deadline_a_response_is_cut_and_a_request_is_503() {
         running: RunningReport::detached(),
     };
     let running = services.start(ctx).await.unwrap();
-
-    let (slow, served) = tokio::task::spawn_blocking(move || {
-        // The listener opens as the service starts: the first connection that is not
-        // refused.
+    tokio::task::spawn_blocking(move || {
+        // The listener opens as the service starts: the first connection not refused.
         let end = std::time::Instant::now() + Duration::from_secs(10);
         while TcpStream::connect(addr).is_err() {
             assert!(std::time::Instant::now() < end, "never listened");
             std::thread::sleep(Duration::from_millis(10));
         }
+    })
+    .await
+    .unwrap();
+    Served {
+        _dir: dir,
+        addr,
+        term,
+        clock,
+        move_deadline,
+        running,
+    }
+}
+
+/// Admission is under the lease: before the local deadline a request is served with the
+/// term; once it has passed (the store may still say this host leads), a response in
+/// progress is cut, never completed, and a new request is answered 503 with `Retry-After`
+/// without reaching the guest. On stop the listener closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_lease_deadline_a_response_is_cut_and_a_request_is_503() {
+    let Served {
+        _dir,
+        addr,
+        term,
+        clock,
+        move_deadline,
+        running,
+    } = serve(|_| {}).await;
+    let (slow, served) = tokio::task::spawn_blocking(move || {
         let served = get(addr, "/hello/x");
         let mut slow = connect(addr).unwrap();
         write!(slow, "GET /hello/slow HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
@@ -143,4 +176,40 @@ async fn past_the_lease_deadline_a_response_is_cut_and_a_request_is_503() {
     running.stop().await;
     let closed = connect(addr).unwrap_err();
     assert_eq!(closed.kind(), std::io::ErrorKind::ConnectionRefused);
+}
+
+/// With the pooling allocator (on with `http-addr`) full, a request that gets no instance is
+/// answered 503 with `Retry-After`, and the next one, once a place is free, is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_gets_no_instance_is_503() {
+    let served = serve(|config| {
+        config.pooling = true;
+        config.max_instances = 1;
+    })
+    .await;
+    let addr = served.addr;
+    let (waiting, full) = tokio::task::spawn_blocking(move || {
+        // Holds the one instance for a minute.
+        let mut waiting = connect(addr).unwrap();
+        write!(waiting, "GET /hello/wait HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
+        // Until the pool is full: the first 503 (a 200 came before the wait had its
+        // instance).
+        let end = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let answer = get(addr, "/hello/x");
+            if !answer.starts_with("HTTP/1.1 200") {
+                return (waiting, answer);
+            }
+            assert!(std::time::Instant::now() < end, "the pool never filled");
+        }
+    })
+    .await
+    .unwrap();
+    assert!(full.starts_with("HTTP/1.1 503"), "{full}");
+    assert!(
+        full.to_ascii_lowercase().contains("\r\nretry-after: 1\r\n"),
+        "{full}"
+    );
+    drop(waiting);
+    served.running.stop().await;
 }

@@ -37,7 +37,11 @@ pub struct RuntimeConfig {
     pub epoch_tick: Duration,
     /// Use wasmtime's pooling allocator (address space reserved up front for
     /// `max_instances`). Default false: for small guests on-demand allocation measured as
-    /// fast and used less memory (see `benches/runtime.rs`).
+    /// fast and used less memory (see `benches/runtime.rs`). On with `http-addr`
+    /// ([`RuntimeConfig::from_settings`]): an instance per request is what the pool is for,
+    /// as `wasmtime serve` has it; it serves 1.3× the requests of on-demand allocation, whose
+    /// map and unmap of every instance's memory took most of the time (BENCHMARKS.md,
+    /// "Incoming HTTP").
     pub pooling: bool,
     /// The most instances alive at once when pooling (sizes the pools). Default 1000.
     pub max_instances: u32,
@@ -141,6 +145,7 @@ impl RuntimeConfig {
         config.outgoing_http = OutgoingLimits::default().with(settings.outgoing_http);
         config.incoming_http =
             IncomingLimits::default().with(settings.http_addr, settings.incoming_http);
+        config.pooling = settings.http_addr.is_some();
         for (name, grant) in &settings.grants {
             let grants = grants(name, grant, config.outgoing_http)?;
             config.grants.insert(name.clone(), grants);

@@ -126,9 +126,11 @@ async fn handle(
     };
     let timeout_at = Instant::now() + rt.config.incoming_http.request_timeout;
     let broken = CancellationToken::new();
+    let unstarted = CancellationToken::new();
     let call = Call {
         entry: Arc::clone(&entry),
         broken: broken.clone(),
+        unstarted: unstarted.clone(),
         timeout_at,
         grace: rt.config.grace_period,
         _permit: permit,
@@ -142,6 +144,10 @@ async fn handle(
             return Ok(plain(StatusCode::GATEWAY_TIMEOUT, "request timeout\n"));
         }
     };
+    if head.is_err() && unstarted.is_cancelled() {
+        // No instance to be had (the pool is full, say): the client may try again.
+        return Ok(unavailable("no instance available\n"));
+    }
     answer(&entry, head, timeout_at, broken)
 }
 
@@ -191,6 +197,8 @@ struct Call {
     entry: Arc<Entry>,
     /// Cancelled when the call did not complete, before its store is dropped.
     broken: CancellationToken,
+    /// Cancelled when no instance could be made for it (before `broken`).
+    unstarted: CancellationToken,
     timeout_at: Instant,
     grace: Duration,
     /// A place in the service's concurrency, held until the call ends.
@@ -209,7 +217,10 @@ impl Call {
         let service = &*self.entry.env.name;
         let pre = &self.entry.pre;
         let call = async {
-            let proxy = pre.instantiate_async(&mut store).await?;
+            let proxy = pre
+                .instantiate_async(&mut store)
+                .await
+                .inspect_err(|_| self.unstarted.cancel())?;
             proxy
                 .wasi_http_incoming_handler()
                 .call_handle(&mut store, request, out)

@@ -1,0 +1,319 @@
+//! Incoming HTTP (SPEC §10): requests per second and p50/p99 latency of a hello-world
+//! `wasi:http/proxy` component (`test/http-hello`) served by `vvm-host serve` (fencing on,
+//! as always) beside `wasmtime serve` on the same component under the same load, in one run;
+//! then the time from a graceful stop of the leader to the first 200 from its successor.
+//!
+//! Set-up (once, not in CI): `cargo install --locked wasmtime-cli@48.0.8` and `wrk` (Debian's
+//! package). Run: `cargo bench -p vvm-host --bench incoming_http`. `WASMTIME=PATH` picks the
+//! wasmtime binary (default: `wasmtime` on PATH, then `~/.cargo/bin/wasmtime`); without it
+//! the wasmtime rows are skipped with a message, and without `wrk` the load rows are.
+//!
+//! Load: `wrk -t2 -c32 -d10s --latency`, the two servers in turn, [`ROUNDS`] times each, after
+//! a warm-up of each. Takeover: two hosts share one `--http-addr`; clients ask without a
+//! pause, each request on a new connection; the gap is from SIGTERM to the leader to the
+//! first 200 carrying the successor's term, on the bench's own clock.
+
+use std::io::{Read as _, Write as _};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use rustix::process::Signal;
+use testkit::guests;
+use testkit::host::Host;
+
+const BIN: &str = env!("CARGO_BIN_EXE_vvm-host");
+
+/// Load rounds per server, after one warm-up each.
+const ROUNDS: usize = 3;
+/// Graceful takeovers measured, after one warm-up.
+const TAKEOVERS: usize = 10;
+/// Clients asking during a takeover.
+const CLIENTS: usize = 4;
+
+/// What `wrk` measured.
+#[derive(Clone, Copy)]
+struct Load {
+    rps: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+fn main() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let services = dir.path().join("services");
+    std::fs::create_dir(&services).expect("services dir");
+    let hello = services.join("hello.wasm");
+    std::fs::copy(guests::guest("test/http-hello"), &hello).expect("copy the guest");
+    if which("wrk").is_none() {
+        println!("wrk not found (apt-get install wrk): no load rows");
+    } else {
+        load_side_by_side(dir.path(), &hello);
+    }
+    takeovers(dir.path());
+}
+
+/// A loopback address with a port that was free a moment ago.
+fn free_addr() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+}
+
+/// `name` on PATH.
+fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+/// The wasmtime CLI to compare with, and its version line.
+fn wasmtime() -> Option<(PathBuf, String)> {
+    let bin = std::env::var_os("WASMTIME")
+        .map(PathBuf::from)
+        .or_else(|| which("wasmtime"))
+        .or_else(|| {
+            let home = std::env::var_os("HOME")?;
+            Some(Path::new(&home).join(".cargo/bin/wasmtime")).filter(|p| p.is_file())
+        })?;
+    let out = Command::new(&bin).arg("--version").output().ok()?;
+    Some((bin, String::from_utf8_lossy(&out.stdout).trim().to_owned()))
+}
+
+/// Waits until `addr` accepts connections (the server is up).
+fn wait_listening(addr: SocketAddr) {
+    let end = Instant::now() + testkit::host::PATIENCE;
+    while TcpStream::connect(addr).is_err() {
+        assert!(Instant::now() < end, "{addr} never listened");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `vvm-host serve` in `dir` with HTTP on `addr`.
+fn serve(name: &'static str, dir: &Path, addr: SocketAddr) -> Host {
+    let addr = addr.to_string();
+    let cache = format!("cache-{name}");
+    let args = [
+        "serve",
+        "--store",
+        "vvm.redb",
+        "--lease",
+        "2s",
+        "--grace-period",
+        "1s",
+        "--cache-dir",
+        &cache,
+        "--http-addr",
+        &addr,
+    ];
+    Host::start(BIN, name, dir, &args, "info")
+}
+
+/// Kills the child when dropped.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The load on vvm-host and on `wasmtime serve`, in turn, and their ratios.
+fn load_side_by_side(dir: &Path, hello: &Path) {
+    let vvm_addr = free_addr();
+    let host = serve("load", dir, vvm_addr);
+    host.wait_for(&["http listening"]);
+    let vvm_url = format!("http://{vvm_addr}/hello/");
+    let wasmtime_server = wasmtime().map(|(bin, version)| {
+        let addr = free_addr();
+        let child = Command::new(bin)
+            // `-Scli`: the guest's std imports wasi:cli (its environment), as vvm-host links it.
+            .args(["serve", "-Scli", "--addr", &addr.to_string()])
+            .arg(hello)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("wasmtime serve");
+        wait_listening(addr);
+        (Killed(child), format!("http://{addr}/hello/"), version)
+    });
+    if wasmtime_server.is_none() {
+        println!(
+            "wasmtime not found (cargo install --locked wasmtime-cli@48.0.8): no wasmtime rows"
+        );
+    }
+    let servers: Vec<(String, String)> = std::iter::once(("vvm-host".to_owned(), vvm_url))
+        .chain(
+            wasmtime_server
+                .iter()
+                .map(|(_, url, v)| (v.clone(), url.clone())),
+        )
+        .collect();
+    for (_, url) in &servers {
+        wrk(url, "3s");
+    }
+    println!("\nwrk -t2 -c32 -d10s, {ROUNDS} rounds each, in turn:\n");
+    println!("| round | server | requests/s | p50 | p99 |");
+    println!("|---|---|---|---|---|");
+    let mut all: Vec<Vec<Load>> = vec![Vec::new(); servers.len()];
+    for round in 1..=ROUNDS {
+        for (i, (name, url)) in servers.iter().enumerate() {
+            let Some(load) = wrk(url, "10s") else {
+                println!("| {round} | {name} | wrk failed | | |");
+                continue;
+            };
+            println!(
+                "| {round} | {name} | {:.0} | {:.2} ms | {:.2} ms |",
+                load.rps, load.p50_ms, load.p99_ms
+            );
+            all[i].push(load);
+        }
+    }
+    if let [vvm, wasmtime] = all.as_slice() {
+        println!("\n| round | vvm-host / wasmtime requests/s | vvm-host / wasmtime p99 |");
+        println!("|---|---|---|");
+        for (round, (v, w)) in vvm.iter().zip(wasmtime).enumerate() {
+            println!(
+                "| {} | {:.2}× | {:.2}× |",
+                round + 1,
+                v.rps / w.rps,
+                v.p99_ms / w.p99_ms
+            );
+        }
+    }
+    drop(host);
+}
+
+/// `wrk -t2 -c32 -d{duration} --latency url`, parsed.
+fn wrk(url: &str, duration: &str) -> Option<Load> {
+    let out = Command::new("wrk")
+        .args(["-t2", "-c32", &format!("-d{duration}"), "--latency", url])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |label: &str| -> Option<&str> {
+        text.lines()
+            .map(str::trim)
+            .find_map(|l| l.strip_prefix(label))
+            .map(str::trim)
+    };
+    if text.contains("Non-2xx") {
+        println!("{url}: answers other than 2xx:\n{text}");
+        return None;
+    }
+    Some(Load {
+        rps: field("Requests/sec:")?.parse().ok()?,
+        p50_ms: millis(field("50%")?)?,
+        p99_ms: millis(field("99%")?)?,
+    })
+}
+
+/// `wrk`'s `1.23ms`, `456.00us` or `1.02s`, in milliseconds.
+fn millis(text: &str) -> Option<f64> {
+    let (number, scale) = if let Some(n) = text.strip_suffix("us") {
+        (n, 0.001)
+    } else if let Some(n) = text.strip_suffix("ms") {
+        (n, 1.0)
+    } else if let Some(n) = text.strip_suffix('s') {
+        (n, 1000.0)
+    } else {
+        return None;
+    };
+    number.parse::<f64>().ok().map(|n| n * scale)
+}
+
+/// One GET on a new connection: the term of a 200, if it was one.
+fn ask(addr: SocketAddr) -> Option<u64> {
+    let mut stream = TcpStream::connect(addr).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .ok()?;
+    stream
+        .write_all(b"GET /hello/n HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .ok()?;
+    let mut out = Vec::new();
+    stream.read_to_end(&mut out).ok()?;
+    let text = String::from_utf8_lossy(&out);
+    if !text.starts_with("HTTP/1.1 200") {
+        return None;
+    }
+    text.lines()
+        .find_map(|l| l.strip_prefix("vvm-fencing-token: "))
+        .and_then(|t| t.trim().parse().ok())
+}
+
+/// Graceful takeovers under clients asking without a pause: SIGTERM to the first 200 of the
+/// new term.
+fn takeovers(dir: &Path) {
+    let addr = free_addr();
+    let mut leader = serve("t0", dir, addr);
+    leader.wait_for(&["http listening"]);
+    let mut standby = serve("t1", dir, addr);
+    standby.wait_for(&["campaigning"]);
+    let newest = Mutex::new((0u64, Instant::now()));
+    let done = AtomicBool::new(false);
+    let mut gaps = Vec::new();
+    std::thread::scope(|s| {
+        for _ in 0..CLIENTS {
+            s.spawn(|| {
+                while !done.load(Ordering::SeqCst) {
+                    if let Some(term) = ask(addr) {
+                        let mut newest = newest.lock().expect("lock");
+                        if term > newest.0 {
+                            *newest = (term, Instant::now());
+                        }
+                    }
+                }
+            });
+        }
+        for round in 0..=TAKEOVERS {
+            let (term, _) = wait_for_term(&newest, |t| t > 0);
+            let stopped = Instant::now();
+            leader.signal(Signal::TERM);
+            let (_, at) = wait_for_term(&newest, |t| t > term);
+            if round > 0 {
+                gaps.push(at.duration_since(stopped));
+            }
+            assert!(leader.wait_exit().success(), "leader exit");
+            let name: &'static str = Box::leak(format!("t{}", round + 2).into_boxed_str());
+            leader = std::mem::replace(&mut standby, serve(name, dir, addr));
+            standby.wait_for(&["campaigning"]);
+        }
+        done.store(true, Ordering::SeqCst);
+    });
+    gaps.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "\nGraceful stop to the first 200 of the new leader, {TAKEOVERS} takeovers under {CLIENTS} \
+         clients (new connection per request):\n"
+    );
+    println!("| median | p90 | min | max |");
+    println!("|---|---|---|---|");
+    println!(
+        "| {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms |",
+        ms(gaps[gaps.len() / 2]),
+        ms(gaps[gaps.len() * 9 / 10]),
+        ms(gaps[0]),
+        ms(gaps[gaps.len() - 1])
+    );
+}
+
+/// Waits until the newest term answered satisfies `ok`: that term, and when it was first
+/// answered.
+fn wait_for_term(newest: &Mutex<(u64, Instant)>, ok: impl Fn(u64) -> bool) -> (u64, Instant) {
+    let end = Instant::now() + testkit::host::PATIENCE;
+    loop {
+        let (term, at) = *newest.lock().expect("lock");
+        if ok(term) {
+            return (term, at);
+        }
+        assert!(Instant::now() < end, "no new term answered");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
