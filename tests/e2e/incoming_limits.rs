@@ -114,13 +114,15 @@ fn past_the_concurrency_limit_a_request_is_503_with_retry_after_and_counted() {
     metrics_until(&base, |m| m.get(ok) == Some(&0.0));
     let (status, _, _) = get(addr, "/hello/first");
     assert_eq!(status, 200);
+    let in_flight = "vvm_http_incoming_in_flight{service=hello}";
+    // A handler may run on after its response: its place is free once it has returned.
+    metrics_until(&base, |m| m.get(in_flight) == Some(&0.0));
 
     // A request that holds the one place for a minute.
     let mut waiting = connect(addr);
     waiting
         .write_all(b"GET /hello/wait HTTP/1.1\r\nhost: a\r\n\r\n")
         .unwrap();
-    let in_flight = "vvm_http_incoming_in_flight{service=hello}";
     metrics_until(&base, |m| m.get(in_flight) == Some(&1.0));
 
     let answer = exchange(

@@ -14,6 +14,15 @@ use testkit::host::Host;
 
 use crate::incoming_http::{free_addr, hello_dir, serve_with};
 
+/// The most connections of a run that may be reset before any answer. A connection the
+/// kernel completes in the microseconds between the host's last `accept` of its backlog and
+/// the listener's close is reset by the kernel, unread: to the client it is like a refused
+/// connection (nothing of the request was processed), and no server that closes its
+/// listener avoids it. Seen about once in 20 000 connections over 100 takeovers. A host that
+/// drops connections it accepted (before the rule that answers each one's first request)
+/// did so 33 times in one run of this test, so a bound this low still catches that.
+const KERNEL_RACE: usize = 3;
+
 /// Takeovers in one run.
 const ROUNDS: usize = 20;
 /// Clients asking at once, each on a connection of its own per request.
@@ -26,6 +35,9 @@ struct Tally {
     ok: AtomicUsize,
     /// Connections refused: no host listening at that moment.
     refused: AtomicUsize,
+    /// Connections the kernel completed but reset before a byte of an answer: see
+    /// [`KERNEL_RACE`].
+    reset_unanswered: AtomicUsize,
     /// Everything else, described.
     bad: Mutex<Vec<String>>,
 }
@@ -54,8 +66,13 @@ fn ask(addr: SocketAddr, tally: &Tally) {
         && text.ends_with("0\r\n\r\n")
         && text.contains("hello from ")
         && text.contains("/hello/n");
+    let reset = read
+        .as_ref()
+        .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset);
     if sent.is_ok() && read.is_ok() && complete {
         tally.ok.fetch_add(1, Ordering::SeqCst);
+    } else if reset && out.is_empty() {
+        tally.reset_unanswered.fetch_add(1, Ordering::SeqCst);
     } else {
         let problem = format!("sent {sent:?}, read {read:?}, answer {text:?}");
         tally.bad.lock().unwrap().push(problem);
@@ -79,8 +96,9 @@ fn wait_for_answers(tally: &Tally, from: usize, more: usize) {
 }
 
 /// Twenty graceful takeovers while four clients ask without a pause: every request either
-/// is answered whole, 200 with exactly one term, or is refused at connect. None is reset or
-/// cut after the host took it, and none is answered 5xx by the host.
+/// is answered whole, 200 with exactly one term, or is refused at connect (or, at most
+/// [`KERNEL_RACE`] times, reset by the kernel unanswered). None is cut after an answer began,
+/// and none is answered 5xx by the host.
 #[test]
 fn graceful_takeovers_under_load_answer_every_accepted_request() {
     let _heavy = crate::one_heavy_test_at_a_time();
@@ -121,10 +139,13 @@ fn graceful_takeovers_under_load_answer_every_accepted_request() {
         tally.ok.load(Ordering::SeqCst),
         tally.refused.load(Ordering::SeqCst),
     );
+    let reset = tally.reset_unanswered.load(Ordering::SeqCst);
     eprintln!(
-        "{ROUNDS} takeovers: {ok} answered, {refused} refused at connect, {} bad",
+        "{ROUNDS} takeovers: {ok} answered, {refused} refused at connect, {reset} reset \
+         unanswered, {} bad",
         bad.len()
     );
+    assert!(reset <= KERNEL_RACE, "{reset} connections reset unanswered");
     assert!(
         bad.is_empty(),
         "{} of {} requests went wrong; the first ten: {:#?}",

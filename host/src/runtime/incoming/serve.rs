@@ -214,35 +214,53 @@ impl Call {
         request: Resource<HostIncomingRequest>,
         out: Resource<HostResponseOutparam>,
     ) {
-        let service = &*self.entry.env.name;
-        let pre = &self.entry.pre;
-        let call = async {
-            let proxy = pre
-                .instantiate_async(&mut store)
-                .await
-                .inspect_err(|_| self.unstarted.cancel())?;
-            proxy
-                .wasi_http_incoming_handler()
-                .call_handle(&mut store, request, out)
-                .await
+        // In a block of its own: the call (and its borrow of the store) ends with it.
+        let outcome = {
+            let pre = &self.entry.pre;
+            let call = async {
+                let proxy = pre
+                    .instantiate_async(&mut store)
+                    .await
+                    .inspect_err(|_| self.unstarted.cancel())?;
+                proxy
+                    .wasi_http_incoming_handler()
+                    .call_handle(&mut store, request, out)
+                    .await
+            };
+            tokio::pin!(call);
+            let stopped = async {
+                self.entry.env.stopping.cancelled().await;
+                tokio::time::sleep(self.grace).await;
+            };
+            tokio::select! {
+                r = &mut call => r.map_err(|e| {
+                    if e.is::<Fenced>() { "fenced: lease deadline passed".to_owned() }
+                    else { format!("trapped: {}", e.root_cause()) }
+                }),
+                () = tokio::time::sleep_until(self.timeout_at) => Err("request timeout".to_owned()),
+                () = stopped => Err("stopped: grace period over".to_owned()),
+            }
         };
-        tokio::pin!(call);
-        let stopped = async {
-            self.entry.env.stopping.cancelled().await;
-            tokio::time::sleep(self.grace).await;
-        };
-        let outcome = tokio::select! {
-            r = &mut call => r.map_err(|e| {
-                if e.is::<Fenced>() { "fenced: lease deadline passed".to_owned() }
-                else { format!("trapped: {}", e.root_cause()) }
-            }),
-            () = tokio::time::sleep_until(self.timeout_at) => Err("request timeout".to_owned()),
-            () = stopped => Err("stopped: grace period over".to_owned()),
-        };
-        if let Err(reason) = outcome {
+        if outcome.is_err() {
             // Before the store (and with it the response body's sender) is dropped.
             self.broken.cancel();
-            tracing::warn!(service, reason, "request handler cut short");
+        }
+        // The call is over: its instance, its place in the concurrency and its count in
+        // flight go before the line that says so.
+        drop(store);
+        let Self {
+            entry,
+            _permit: permit,
+            _in_flight: in_flight,
+            ..
+        } = self;
+        drop((permit, in_flight));
+        if let Err(reason) = outcome {
+            tracing::warn!(
+                service = &*entry.env.name,
+                reason,
+                "request handler cut short"
+            );
         }
     }
 }
