@@ -32,6 +32,7 @@ build_rust() {
     cp "$wasm/rust_ticker.wasm" "$out/rust-ticker.wasm"
     cp "$wasm/rust_counter.wasm" "$out/rust-counter.wasm"
     cp "$wasm/rust-command.wasm" "$out/rust-command.wasm"
+    cp "$wasm/rust_http.wasm" "$out/rust-http.wasm"
     # test guests
     local t
     for t in trap spin hog nosy effects journal kv_flood kv_bench other_world leak http_client http_hello http_both; do
@@ -79,11 +80,17 @@ install_js() {
 }
 
 # build_js NAME SOURCE WORLD: NAME/SOURCE into out/NAME.wasm for WORLD, when a file in NAME/ is
-# newer.
+# newer. If NAME/wit/ exists, the WIT is a copy of ../wit with it copied over (js-http's world).
 build_js() {
-    local name=$1 world=$3 installed="$here/node_modules/.installed"
+    local name=$1 world=$3 wit_dir="$wit" installed="$here/node_modules/.installed"
     if stale "$out/$name.wasm" "$here/$name" "$wit" "$installed"; then
-        "$here/node_modules/.bin/componentize-js" "$here/$name/$2" --wit "$wit" \
+        if [[ -d "$here/$name/wit" ]]; then
+            wit_dir="$target/wit-$name"
+            rm -rf "$wit_dir"
+            mkdir -p "$wit_dir"
+            cp -R "$wit/." "$here/$name/wit/." "$wit_dir"
+        fi
+        "$here/node_modules/.bin/componentize-js" "$here/$name/$2" --wit "$wit_dir" \
             --world-name "$world" -o "$out/$name.wasm.tmp"
         mv "$out/$name.wasm.tmp" "$out/$name.wasm"
     fi
@@ -101,6 +108,8 @@ bad_files() {
 build_rust
 install_python
 build_python python-ticker service
+build_python python-http http-service
 install_js
 build_js js-ticker ticker.js service
+build_js js-http http.js http-service-js
 bad_files
