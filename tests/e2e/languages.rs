@@ -2,6 +2,7 @@
 //! `vvm-host serve` (SPEC §6, §7, §9, §10): they see the lease, read their configuration
 //! (`wasi:config`), count in the fenced key-value store (`wasi:keyvalue`), return when told
 //! to stop, and a restart loads them from the compile cache. The Rust one is in `keyvalue`.
+//! The HTTP examples, in all three languages, answer requests with a count they keep there.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -14,6 +15,7 @@ use testkit::guests;
 use testkit::host::{Host, Line};
 
 use crate::BIN;
+use crate::incoming_http::{free_addr, get};
 
 /// The compile cache must make the second load at least this many times faster.
 const CACHE_SPEEDUP: u32 = 10;
@@ -227,6 +229,47 @@ fn each_example_tells_its_notify_url_with_the_fencing_token() {
             );
             assert_eq!(r.header_values("vvm-fencing-token"), ["1"], "{r:?}");
             assert_eq!(r.header_values("vvm-lease"), ["slot/1"], "{r:?}");
+        }
+    }
+    host.signal(Signal::TERM);
+    assert!(host.wait_exit().success());
+}
+
+/// The HTTP examples (SPEC §10, "Incoming HTTP") under `serve --http-addr`: each answers a GET
+/// on its default route `/NAME/` with its hit count, incremented in its own fenced key-value
+/// bucket, and the term of its lease; the host adds exactly one `vvm-fencing-token`.
+#[test]
+fn each_http_example_answers_with_its_hit_count_and_token() {
+    const EXAMPLES: [&str; 3] = ["rust-http", "python-http", "js-http"];
+    // Compiling the Python and JavaScript components takes both cores for seconds.
+    let _heavy = crate::one_heavy_test_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let services = dir.path().join("services");
+    std::fs::create_dir(&services).unwrap();
+    guests::install(&services, &EXAMPLES.map(|e| (e, e)));
+    let addr = free_addr();
+    let http_addr = addr.to_string();
+    let args = [
+        "serve",
+        "--lease",
+        "5s",
+        "--cache-dir",
+        "cache",
+        "--grace-period",
+        "2s",
+        "--http-addr",
+        &http_addr,
+    ];
+    let mut host = Host::start(BIN, "a", dir.path(), &args, "info");
+    // Every HTTP service is routed before `services started`.
+    host.wait_for(&["http listening"]);
+    host.wait_for(&["services started"]);
+    for example in EXAMPLES {
+        for hits in 1..=2 {
+            let (status, tokens, body) = get(addr, &format!("/{example}/"));
+            let expected = format!("hits {hits} (term 1)\n");
+            assert_eq!((status, &*body), (200, &*expected), "{example}");
+            assert_eq!(tokens, ["1"], "{example}");
         }
     }
     host.signal(Signal::TERM);
