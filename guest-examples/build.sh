@@ -5,8 +5,9 @@
 #
 # Needs: cargo with the wasm32-wasip2 target (`rustup target add wasm32-wasip2`), python3
 # (>= 3.10, with venv and pip) and node (>= 18) with npm. The Python and JavaScript toolchains
-# are pinned (python-ticker/requirements.txt, js-ticker/package-lock.json) and installed here
-# on first use: componentize-py into .venv/, componentize-js into js-ticker/node_modules/.
+# are pinned (requirements.txt, package-lock.json), shared by the examples in each language,
+# and installed here on first use: componentize-py into .venv/, componentize-js into
+# node_modules/.
 # A component is rebuilt only when a source, the WIT or the pinned toolchain is newer.
 # To add a guest in another language, add a build_<lang> function below and call it at the
 # end; each one writes its components into "$out" or "$out/test".
@@ -31,6 +32,7 @@ build_rust() {
     cp "$wasm/rust_ticker.wasm" "$out/rust-ticker.wasm"
     cp "$wasm/rust_counter.wasm" "$out/rust-counter.wasm"
     cp "$wasm/rust-command.wasm" "$out/rust-command.wasm"
+    cp "$wasm/rust_http.wasm" "$out/rust-http.wasm"
     # test guests
     local t
     for t in trap spin hog nosy effects journal kv_flood kv_bench other_world leak http_client http_hello http_both; do
@@ -47,33 +49,50 @@ stale() {
     [[ ! -e "$target" ]] || [[ -n "$(find "$@" -newer "$target" -print -quit)" ]]
 }
 
-build_python() {
-    local src="$here/python-ticker" venv="$here/.venv"
-    # (Re)install the pinned componentize-py when the pin is newer than the last install.
-    if stale "$venv/.installed" "$src/requirements.txt"; then
+# The pinned componentize-py, (re)installed into .venv/ when requirements.txt is newer.
+install_python() {
+    local venv="$here/.venv"
+    if stale "$venv/.installed" "$here/requirements.txt"; then
         python3 -m venv "$venv"
-        "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$src/requirements.txt"
+        "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$here/requirements.txt"
         touch "$venv/.installed"
-    fi
-    if stale "$out/python-ticker.wasm" "$src"/*.py "$wit" "$venv/.installed"; then
-        # Bindings are generated into the build, not kept in the tree.
-        "$venv/bin/componentize-py" --quiet -d "$wit" -w service componentize \
-            -p "$src" app -o "$out/python-ticker.wasm.tmp"
-        mv "$out/python-ticker.wasm.tmp" "$out/python-ticker.wasm"
     fi
 }
 
-build_js() {
-    local src="$here/js-ticker" installed="$here/js-ticker/node_modules/.installed"
-    # Install the locked componentize-js when the lock is newer than the last install. Not
-    # `npm ci`: the lock lacks some other platforms' optional binaries, which `npm ci` rejects.
-    if stale "$installed" "$src/package-lock.json"; then
-        (cd "$src" && npm install --no-audit --no-fund --loglevel=error)
-        touch "$installed"
+# build_python NAME WORLD: NAME/app.py into out/NAME.wasm for WORLD, when a source is newer.
+# Bindings are generated into the build, not kept in the tree.
+build_python() {
+    local name=$1 world=$2 installed="$here/.venv/.installed"
+    if stale "$out/$name.wasm" "$here/$name"/*.py "$wit" "$installed"; then
+        "$here/.venv/bin/componentize-py" --quiet -d "$wit" -w "$world" componentize \
+            -p "$here/$name" app -o "$out/$name.wasm.tmp"
+        mv "$out/$name.wasm.tmp" "$out/$name.wasm"
     fi
-    if stale "$out/js-ticker.wasm" "$src/ticker.js" "$src/build.mjs" "$wit" "$installed"; then
-        node "$src/build.mjs" "$out/js-ticker.wasm.tmp"
-        mv "$out/js-ticker.wasm.tmp" "$out/js-ticker.wasm"
+}
+
+# The locked componentize-js, installed into node_modules/ when the lock is newer. Not
+# `npm ci`: the lock lacks some other platforms' optional binaries, which `npm ci` rejects.
+install_js() {
+    if stale "$here/node_modules/.installed" "$here/package-lock.json"; then
+        (cd "$here" && npm install --no-audit --no-fund --loglevel=error)
+        touch "$here/node_modules/.installed"
+    fi
+}
+
+# build_js NAME SOURCE WORLD: NAME/SOURCE into out/NAME.wasm for WORLD, when a file in NAME/ is
+# newer. If NAME/wit/ exists, the WIT is a copy of ../wit with it copied over (js-http's world).
+build_js() {
+    local name=$1 world=$3 wit_dir="$wit" installed="$here/node_modules/.installed"
+    if stale "$out/$name.wasm" "$here/$name" "$wit" "$installed"; then
+        if [[ -d "$here/$name/wit" ]]; then
+            wit_dir="$target/wit-$name"
+            rm -rf "$wit_dir"
+            mkdir -p "$wit_dir"
+            cp -R "$wit/." "$here/$name/wit/." "$wit_dir"
+        fi
+        "$here/node_modules/.bin/componentize-js" "$here/$name/$2" --wit "$wit_dir" \
+            --world-name "$world" -o "$out/$name.wasm.tmp"
+        mv "$out/$name.wasm.tmp" "$out/$name.wasm"
     fi
 }
 
@@ -87,6 +106,10 @@ bad_files() {
 }
 
 build_rust
-build_python
-build_js
+install_python
+build_python python-ticker service
+build_python python-http http-service
+install_js
+build_js js-ticker ticker.js service
+build_js js-http http.js http-service-js
 bad_files

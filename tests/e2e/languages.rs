@@ -2,6 +2,7 @@
 //! `vvm-host serve` (SPEC §6, §7, §9, §10): they see the lease, read their configuration
 //! (`wasi:config`), count in the fenced key-value store (`wasi:keyvalue`), return when told
 //! to stop, and a restart loads them from the compile cache. The Rust one is in `keyvalue`.
+//! The HTTP examples, in all three languages, answer requests with a count they keep there.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -14,9 +15,21 @@ use testkit::guests;
 use testkit::host::{Host, Line};
 
 use crate::BIN;
+use crate::incoming_http::{free_addr, get};
 
 /// The compile cache must make the second load at least this many times faster.
 const CACHE_SPEEDUP: u32 = 10;
+
+/// `vvm-host serve` with a 5 s lease, a 2 s grace period and its compile cache in `cache`.
+const SERVE: [&str; 7] = [
+    "serve",
+    "--lease",
+    "5s",
+    "--cache-dir",
+    "cache",
+    "--grace-period",
+    "2s",
+];
 
 /// A directory with `services/<example>.wasm` and a config granting it a 50 ms tick and a
 /// greeting.
@@ -58,6 +71,17 @@ fn number_after(text: &str, word: &str) -> u64 {
     digits.parse().unwrap()
 }
 
+/// Waits until `host` has loaded each of `services`. It loads them one at a time in name
+/// order, and compiling a Python or JavaScript one can take tens of seconds on a busy machine
+/// (more than a wait's patience for two): a wait each, in that order.
+fn wait_loaded(host: &Host, services: &[&str]) {
+    let mut services = services.to_vec();
+    services.sort_unstable();
+    for service in services {
+        host.wait_for(&["service loaded", &format!("\"service\":\"{service}\"")]);
+    }
+}
+
 /// What one run of `vvm-host serve` showed.
 struct Run {
     /// From spawning the host to its `services loaded` line.
@@ -71,21 +95,7 @@ struct Run {
 /// SIGTERM; checks the guest logged the host's term, counted in the kv store and returned.
 fn serve_once(name: &'static str, dir: &Path, example: &str, cached: bool) -> Run {
     let spawned = Instant::now();
-    let mut host = Host::start(
-        BIN,
-        name,
-        dir,
-        &[
-            "serve",
-            "--lease",
-            "5s",
-            "--cache-dir",
-            "cache",
-            "--grace-period",
-            "2s",
-        ],
-        "info",
-    );
+    let mut host = Host::start(BIN, name, dir, &SERVE, "info");
     let loaded = host.wait_for(&["services loaded"]);
     let (compiled, hits) = if cached { (0, 1) } else { (1, 0) };
     assert_eq!(fields(&loaded)["compiled"], compiled, "{}", loaded.text);
@@ -209,6 +219,7 @@ fn each_example_tells_its_notify_url_with_the_fencing_token() {
     std::fs::write(dir.path().join("vvm.toml"), toml).unwrap();
     let mut host =
         testkit::host::serve_with(BIN, "a", dir.path(), ["vvm.redb", "5s", "2s"], "info");
+    wait_loaded(&host, &EXAMPLES);
     for example in EXAMPLES {
         host.wait_for(&[&format!("\"service\":\"{example}\""), "notify: status 200"]);
     }
@@ -227,6 +238,38 @@ fn each_example_tells_its_notify_url_with_the_fencing_token() {
             );
             assert_eq!(r.header_values("vvm-fencing-token"), ["1"], "{r:?}");
             assert_eq!(r.header_values("vvm-lease"), ["slot/1"], "{r:?}");
+        }
+    }
+    host.signal(Signal::TERM);
+    assert!(host.wait_exit().success());
+}
+
+/// The HTTP examples (SPEC §10, "Incoming HTTP") under `serve --http-addr`: each answers a GET
+/// on its default route `/NAME/` with its hit count, incremented in its own fenced key-value
+/// bucket, and the term of its lease; the host adds exactly one `vvm-fencing-token`.
+#[test]
+fn each_http_example_answers_with_its_hit_count_and_token() {
+    const EXAMPLES: [&str; 3] = ["rust-http", "python-http", "js-http"];
+    // Compiling the Python and JavaScript components takes both cores for seconds.
+    let _heavy = crate::one_heavy_test_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let services = dir.path().join("services");
+    std::fs::create_dir(&services).unwrap();
+    guests::install(&services, &EXAMPLES.map(|e| (e, e)));
+    let addr = free_addr();
+    let http_addr = addr.to_string();
+    let args = [&SERVE[..], &["--http-addr", &http_addr]].concat();
+    let mut host = Host::start(BIN, "a", dir.path(), &args, "info");
+    wait_loaded(&host, &EXAMPLES);
+    // Every HTTP service is routed before `services started`.
+    host.wait_for(&["services started"]);
+    host.wait_for(&["http listening"]);
+    for example in EXAMPLES {
+        for hits in 1..=2 {
+            let (status, tokens, body) = get(addr, &format!("/{example}/"));
+            let expected = format!("hits {hits} (term 1)\n");
+            assert_eq!((status, &*body), (200, &*expected), "{example}");
+            assert_eq!(tokens, ["1"], "{example}");
         }
     }
     host.signal(Signal::TERM);
