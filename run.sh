@@ -36,7 +36,11 @@ case "${1:-}" in
     for f in guest-examples/out/*.wasm; do
       [ -e "services/$(basename "$f")" ] || cp "$f" services/
     done
-    exec cargo run --release -p vvm-host -- serve "$@"
+    # The HTTP examples answer on 127.0.0.1:8080 (curl 127.0.0.1:8080/rust-http/), unless
+    # an address is given.
+    http=()
+    [[ -n "${VVM_HTTP_ADDR:-}" || " $* " == *" --http-addr"* ]] || http=(--http-addr 127.0.0.1:8080)
+    exec cargo run --release -p vvm-host -- serve "${http[@]}" "$@"
     ;;
   test)
     shift
