@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tempfile::TempDir;
+use testkit::http::raw_get;
 use testkit::{guests, logs};
 use tokio_util::sync::CancellationToken;
 use vvm_host::clock::{Clock, ManualClock, SystemClock};
@@ -27,19 +28,6 @@ fn connect(addr: SocketAddr) -> std::io::Result<TcpStream> {
     let stream = TcpStream::connect(addr)?;
     stream.set_read_timeout(Some(Duration::from_secs(20)))?;
     Ok(stream)
-}
-
-/// GET `path` on a new connection: everything the host sent until it closed.
-fn get(addr: SocketAddr, path: &str) -> String {
-    let mut stream = connect(addr).unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut out = Vec::new();
-    stream.read_to_end(&mut out).unwrap();
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// `test/http-hello` as service `hello`, served on a free loopback port under a lease whose
@@ -127,7 +115,7 @@ async fn past_the_lease_deadline_a_response_is_cut_and_a_request_is_503() {
         running,
     } = serve(|_| {}).await;
     let (slow, served) = tokio::task::spawn_blocking(move || {
-        let served = get(addr, "/hello/x");
+        let served = raw_get(addr, "/hello/x");
         let mut slow = connect(addr).unwrap();
         write!(slow, "GET /hello/slow HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
         let mut got = Vec::new();
@@ -155,7 +143,7 @@ async fn past_the_lease_deadline_a_response_is_cut_and_a_request_is_503() {
         let _ = slow.read_to_end(&mut rest);
         (
             String::from_utf8_lossy(&rest).into_owned(),
-            get(addr, "/hello/late"),
+            raw_get(addr, "/hello/late"),
         )
     })
     .await
@@ -196,7 +184,7 @@ async fn a_request_that_gets_no_instance_is_503() {
         // instance).
         let end = std::time::Instant::now() + Duration::from_secs(10);
         loop {
-            let answer = get(addr, "/hello/x");
+            let answer = raw_get(addr, "/hello/x");
             if !answer.starts_with("HTTP/1.1 200") {
                 return (waiting, answer);
             }

@@ -2,6 +2,9 @@
 //! outgoing requests: a [`Server`] records every request it is sent and answers as its
 //! [`Behaviour`] says (at once, late, half, or never), so a test can assert what reached it.
 //!
+//! [`exchange`] and [`raw_get`] are the other side: a request written by hand to a server
+//! under test, and whatever it answered.
+//!
 //! Synchronous: a thread accepts, one thread serves each connection (keep-alive, bodies by
 //! `content-length` or chunked). Dropping the server ends every delay and stall at once.
 
@@ -476,4 +479,28 @@ fn reason(status: u16) -> &'static str {
         503 => "Service Unavailable",
         _ => "Status",
     }
+}
+
+/// Writes `request` as it is on a new connection to `addr` and reads until the server closes
+/// it (a reset after the answer ends it too): everything that came back, as lossy UTF-8.
+/// Reads give up after [`PATIENCE`], so a server that never answers fails the caller's
+/// assertion on what came back.
+///
+/// # Panics
+/// When `addr` cannot be connected to, or the request cannot be written.
+pub fn exchange(addr: SocketAddr, request: &[u8]) -> String {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(PATIENCE))
+        .expect("read timeout");
+    stream.write_all(request).expect("write the request");
+    let mut out = Vec::new();
+    let _ = stream.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `GET path` on a connection of its own ([`exchange`]), `connection: close`.
+pub fn raw_get(addr: SocketAddr, path: &str) -> String {
+    let request = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+    exchange(addr, request.as_bytes())
 }

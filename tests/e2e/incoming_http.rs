@@ -10,6 +10,7 @@ use std::time::Duration;
 use rustix::process::Signal;
 use testkit::guests;
 use testkit::host::Host;
+use testkit::http::raw_get;
 
 use crate::BIN;
 
@@ -259,22 +260,6 @@ fn under_spread_placement_a_host_answers_503_for_a_service_held_elsewhere() {
     }
     stop(one);
     stop(two);
-}
-
-/// GET `path` on `addr` on a connection of its own, as written on the wire: the whole answer.
-fn raw_get(addr: SocketAddr, path: &str) -> String {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut out = Vec::new();
-    stream.read_to_end(&mut out).unwrap();
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// A response in progress when its host's lease deadline passes is never completed: the

@@ -7,6 +7,8 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
+use testkit::http::exchange;
+
 use crate::incoming_http::{free_addr, get, hello_dir, serve_with, stop};
 use crate::ops::{metrics_until, value};
 
@@ -19,16 +21,6 @@ fn connect(addr: SocketAddr) -> TcpStream {
     let stream = TcpStream::connect(addr).unwrap();
     stream.set_read_timeout(Some(BOUND)).unwrap();
     stream
-}
-
-/// Writes `request` on a new connection and reads until the host closes it: what came back.
-fn exchange(addr: SocketAddr, request: &[u8]) -> String {
-    let mut stream = connect(addr);
-    stream.write_all(request).unwrap();
-    let mut out = Vec::new();
-    // A reset after the answer (the host closes without reading the rest) ends it too.
-    let _ = stream.read_to_end(&mut out);
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// A body longer than `max-body-bytes` is refused (413) by its length, before a byte of it is
