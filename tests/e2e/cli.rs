@@ -106,6 +106,59 @@ fn check_names_every_bad_file_and_exits_non_zero() {
         "{text}"
     );
     assert!(text.contains("2 ok, 3 bad"), "{text}");
+    // What to change, below the error it is about.
+    let alien = text.lines().position(|l| l.contains("alien.wasm")).unwrap();
+    let help = text.lines().nth(alien + 1).unwrap();
+    assert!(
+        help.starts_with("  help: target the `service` world"),
+        "{text}"
+    );
+}
+
+/// `check` says what to change, the way rustc's `help:` lines do: for a component importing
+/// what the host does not provide, which import; for a service whose imports need a grant it
+/// lacks, which grant (and nothing once it has it).
+#[test]
+fn check_says_what_to_change_for_a_foreign_import_and_a_missing_grant() {
+    let dir = tempfile::tempdir().unwrap();
+    let services = dir.path().join("services");
+    std::fs::create_dir(&services).unwrap();
+    std::fs::copy(
+        guests::guest("test/foreign-import"),
+        services.join("foreign.wasm"),
+    )
+    .unwrap();
+    std::fs::copy(
+        guests::guest("test/http-client"),
+        services.join("caller.wasm"),
+    )
+    .unwrap();
+    let (ok, text) = run(dir.path(), &["check"]);
+    assert!(!ok, "{text}");
+    assert!(text.contains("error "), "{text}");
+    assert!(
+        text.contains("  help: remove the import of `acme:db/query@1.0.0`"),
+        "{text}"
+    );
+    assert!(text.contains("ok    caller (vvm:host/service)"), "{text}");
+    assert!(
+        text.contains("  note: it imports wasi:http/outgoing-handler, but no origin is granted"),
+        "{text}"
+    );
+    assert!(
+        text.contains("  help: add the origins it may call to [service.caller] in vvm.toml"),
+        "{text}"
+    );
+
+    std::fs::remove_file(services.join("foreign.wasm")).unwrap();
+    std::fs::write(
+        dir.path().join("vvm.toml"),
+        "[service.caller]\nhttp = [\"https://api.example.com\"]\n",
+    )
+    .unwrap();
+    let (ok, text) = run(dir.path(), &["check"]);
+    assert!(ok, "{text}");
+    assert!(!text.contains("note:"), "{text}");
 }
 
 /// Bad input gets one line that names the thing and gives the reason once. The error types

@@ -270,9 +270,15 @@ pub(super) async fn check(dir: Option<PathBuf>, args: &StoreArgs) -> anyhow::Res
     let mut out = Vec::new();
     for (name, world) in &report.services {
         writeln!(out, "ok    {name} ({world})")?;
+        for n in report.notes.iter().filter(|n| n.service == *name) {
+            writeln!(out, "  note: {}\n  help: {}", n.note, n.help)?;
+        }
     }
     for e in &report.errors {
         writeln!(out, "error {e}")?;
+        if let Some(help) = crate::runtime::help(&e.kind) {
+            writeln!(out, "  help: {help}")?;
+        }
     }
     writeln!(
         out,

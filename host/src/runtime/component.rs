@@ -123,6 +123,8 @@ pub(crate) struct Loaded {
     /// Its `wasi:http/incoming-handler`, if it exports one: served on `http-addr`, one
     /// instance per request.
     pub handler: Option<ProxyPre<Host>>,
+    /// What it imports, by name (`wasi:http/outgoing-handler@0.2.12`, ...).
+    pub imports: Vec<String>,
 }
 
 impl Loaded {
@@ -259,11 +261,17 @@ impl Compiler<'_> {
         }
         let (pre, handler) = classify(self.engine, &component, linker).map_err(fail)?;
         let version = file.version();
+        let imports = component
+            .component_type()
+            .imports(self.engine)
+            .map(|(name, _)| name.to_owned())
+            .collect();
         Ok(Loaded {
             name,
             version,
             pre,
             handler,
+            imports,
         })
     }
 

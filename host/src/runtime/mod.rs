@@ -31,15 +31,17 @@
 //!   services in step with the directory's files.
 //! - `reconcile`: the running services of one leadership, following the catalogue.
 //! - `wasm_services`: [`WasmServices`], the [`crate::services::Services`] the lifecycle starts.
+//! - `check`: what `vvm-host check` says of a directory, with what to change.
 //!
 //! Dependencies point one way, in this order (each uses only modules before it): `outgoing`,
 //! `config`,
 //! `handles`, `stacks`, `engine`, `state`, `fence`, `output`, `bindings`, `keyvalue`,
 //! `wasi_config`, `imports`, `cache`, `component`, `restart`, `supervisor`, `incoming`,
-//! `debounce`, `live_dir`, `reconcile`, `wasm_services`.
+//! `debounce`, `live_dir`, `reconcile`, `wasm_services`, `check`.
 
 mod bindings;
 mod cache;
+mod check;
 mod component;
 mod config;
 mod debounce;
@@ -61,11 +63,12 @@ mod supervisor;
 mod wasi_config;
 mod wasm_services;
 
+pub use check::{CheckReport, Note, check, help};
 pub use component::{LoadError, LoadErrorKind, LoadStats, ServiceKind};
 pub use config::{DirGrant, Grants, IncomingLimits, KvLimits, RestartPolicy, RuntimeConfig};
 pub use handles::raise_descriptor_limit;
 pub use outgoing::{HttpPolicy, LEASE_HEADER, OutgoingLimits, TOKEN_HEADER};
-pub use wasm_services::{CheckReport, WasmServices, check};
+pub use wasm_services::WasmServices;
 
 use std::path::PathBuf;
 

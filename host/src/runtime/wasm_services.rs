@@ -1,5 +1,5 @@
 //! [`WasmServices`]: the Wasm components of a services directory as the lifecycle's
-//! [`Services`] (SPEC §5 step 3, §6), and `check` for `vvm-host check DIR`.
+//! [`Services`] (SPEC §5 step 3, §6).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use wasmtime::component::Linker;
 
 use super::cache;
-use super::component::{self, Compiler, LoadError, LoadStats, ServiceFile, ServiceKind};
+use super::component::{self, Compiler, LoadError, LoadStats, Loaded, ServiceFile, ServiceKind};
 use super::engine::{self, Runtime};
 use super::imports;
 use super::incoming::HttpServer;
@@ -167,6 +167,11 @@ impl WasmServices {
             .collect()
     }
 
+    /// The loaded services, sorted by name.
+    pub(crate) fn loaded(&self) -> Vec<Arc<Loaded>> {
+        self.catalogue.borrow().values().cloned().collect()
+    }
+
     /// How many components were compiled and how many came from the cache.
     pub fn stats(&self) -> LoadStats {
         self.stats
@@ -197,35 +202,4 @@ impl SeparateServices for WasmServices {
         let (rt, http) = (Arc::clone(&self.rt), Arc::clone(&self.http));
         Ok(reconcile::start(rt, http, catalogue, ctx, only).await)
     }
-}
-
-/// What `vvm-host check DIR` reports: the services that load and the files that do not.
-#[derive(Debug)]
-pub struct CheckReport {
-    /// Services that would run: name and world.
-    pub services: Vec<(String, ServiceKind)>,
-    /// Files that would be rejected, with the reason.
-    pub errors: Vec<LoadError>,
-}
-
-impl CheckReport {
-    /// True if every file would load.
-    pub fn is_ok(&self) -> bool {
-        self.errors.is_empty()
-    }
-}
-
-/// Validates every component of `config.services_dir`: it parses and compiles, targets a
-/// supported world, and imports only what the host provides. Fills the compile cache.
-///
-/// # Errors
-/// As [`WasmServices::load`].
-pub fn check(config: RuntimeConfig) -> Result<CheckReport, RuntimeError> {
-    // Nothing runs, so nothing is counted: the loads' series go to a set nobody reads.
-    let unread = Ops::new(Arc::new(crate::clock::SystemClock::local()));
-    let (services, errors) = WasmServices::load(config, unread)?;
-    Ok(CheckReport {
-        services: services.services(),
-        errors,
-    })
 }

@@ -39,6 +39,11 @@ pub struct AllowedBy {
 }
 
 impl AllowList {
+    /// True if it names no origin.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
     /// Parses the entries of a service's `http` list.
     ///
     /// # Errors

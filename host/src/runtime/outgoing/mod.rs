@@ -144,6 +144,13 @@ impl HttpPolicy {
     }
 }
 
+impl HttpPolicy {
+    /// True if it lets no request out (no `http` entry).
+    pub(crate) fn denies_all(&self) -> bool {
+        self.allow.is_empty()
+    }
+}
+
 impl PartialEq for HttpPolicy {
     fn eq(&self, other: &Self) -> bool {
         (&self.allow, &self.ca, self.limits) == (&other.allow, &other.ca, other.limits)

@@ -1,0 +1,252 @@
+//! `vvm-host check DIR` (SPEC §8): which services of a directory would load, which files
+//! would not and why, and what to change, the way rustc's `help:` lines say it: the world to
+//! target, the import to drop or build against this host's WIT, the grant a service lacks for
+//! what it imports.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::component::{LoadError, LoadErrorKind, ServiceKind};
+use super::config::Grants;
+use super::wasm_services::WasmServices;
+use super::{RuntimeConfig, RuntimeError};
+use crate::ops::Ops;
+
+/// What `vvm-host check DIR` reports: the services that load, the files that do not, and
+/// what the services that load still lack.
+#[derive(Debug)]
+pub struct CheckReport {
+    /// Services that would run: name and world.
+    pub services: Vec<(String, ServiceKind)>,
+    /// Files that would be rejected, with the reason.
+    pub errors: Vec<LoadError>,
+    /// What services that load lack to work as their imports suggest.
+    pub notes: Vec<Note>,
+}
+
+impl CheckReport {
+    /// True if every file would load.
+    pub fn is_ok(&self) -> bool {
+        self.errors.is_empty()
+    }
+}
+
+/// Something a service that loads lacks: what, and what to change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Note {
+    /// The service.
+    pub service: String,
+    /// What it lacks.
+    pub note: String,
+    /// What to change.
+    pub help: String,
+}
+
+/// Validates every component of `config.services_dir`: it parses and compiles, targets a
+/// supported world, and imports only what the host provides; and whether each service has
+/// the grants its imports need. Fills the compile cache.
+///
+/// # Errors
+/// As [`WasmServices::load`].
+pub fn check(config: RuntimeConfig) -> Result<CheckReport, RuntimeError> {
+    let grants = config.grants.clone();
+    // Nothing runs, so nothing is counted: the loads' series go to a set nobody reads.
+    let unread = Ops::new(Arc::new(crate::clock::SystemClock::local()));
+    let (services, errors) = WasmServices::load(config, unread)?;
+    let notes = services
+        .loaded()
+        .iter()
+        .flat_map(|svc| grant_notes(&svc.name, &svc.imports, &grants))
+        .collect();
+    Ok(CheckReport {
+        services: services.services(),
+        errors,
+        notes,
+    })
+}
+
+/// What service `name`, importing `imports`, lacks of its grants in `all`.
+fn grant_notes(name: &str, imports: &[String], all: &HashMap<String, Grants>) -> Vec<Note> {
+    let grants = all.get(name);
+    let imports_any = |prefix: &str| imports.iter().any(|i| i.starts_with(prefix));
+    let mut notes = Vec::new();
+    let network = grants.is_some_and(|g| g.network);
+    if !network
+        && (imports_any("wasi:sockets/tcp-create-socket")
+            || imports_any("wasi:sockets/udp-create-socket")
+            || imports_any("wasi:sockets/ip-name-lookup"))
+    {
+        notes.push(Note {
+            service: name.to_owned(),
+            note: "it imports wasi:sockets, but is not granted the network: its sockets and \
+                   name lookups are refused"
+                .to_owned(),
+            help: format!("add `network = true` to [service.{name}] in vvm.toml"),
+        });
+    }
+    let http = grants.is_some_and(|g| !g.http.denies_all());
+    if !http && imports_any("wasi:http/outgoing-handler") {
+        notes.push(Note {
+            service: name.to_owned(),
+            note: "it imports wasi:http/outgoing-handler, but no origin is granted: every \
+                   request it makes is denied"
+                .to_owned(),
+            help: format!(
+                "add the origins it may call to [service.{name}] in vvm.toml, e.g. \
+                 `http = [\"https://api.example.com\"]`"
+            ),
+        });
+    }
+    notes
+}
+
+/// The packages the host provides interfaces of (in some versions).
+const PROVIDED_PACKAGES: [&str; 10] = [
+    "vvm:host",
+    "wasi:cli",
+    "wasi:io",
+    "wasi:clocks",
+    "wasi:random",
+    "wasi:filesystem",
+    "wasi:sockets",
+    "wasi:http",
+    "wasi:keyvalue",
+    "wasi:config",
+];
+
+/// What the host provides, for a help line about an import it does not.
+const PROVIDED: &str = "vvm:host/lease, log and kv @0.1.0; WASI 0.2.x (cli, io, clocks, \
+                        random, filesystem, sockets, http); wasi:keyvalue @0.2.0-draft and \
+                        @0.2.0-draft2; wasi:config/store @0.2.0-draft and @0.2.0-rc.1";
+
+/// What to change so that a file rejected for `kind` loads, if there is more to say than
+/// the error does.
+pub fn help(kind: &LoadErrorKind) -> Option<String> {
+    match kind {
+        LoadErrorKind::World(_) => Some(
+            "target the `service` world of vvm-host's wit/host.wit (export `run`), or \
+             `http-service` (export wasi:http/incoming-handler@0.2.x), or build a \
+             wasi:cli command (a `main` for wasm32-wasip2); `vvm-host new` writes a project \
+             that does"
+                .to_owned(),
+        ),
+        LoadErrorKind::WrongType { export, .. } => Some(format!(
+            "{export} has another type than this host's: build against vvm-host's WIT \
+             (wit/host.wit and wit/deps), as a project from `vvm-host new` does"
+        )),
+        LoadErrorKind::Imports(e) => Some(import_help(&format!("{e:#}"))),
+        LoadErrorKind::Name
+        | LoadErrorKind::Read(_)
+        | LoadErrorKind::Invalid(_)
+        | LoadErrorKind::Compile(_) => None,
+    }
+}
+
+/// The help for wasmtime's import error `text` (`component imports instance `NAME`, but a
+/// matching implementation was not found in the linker`, with the cause after it).
+fn import_help(text: &str) -> String {
+    let name = [
+        "imports instance `",
+        "imports function `",
+        "imports resource `",
+    ]
+    .iter()
+    .find_map(|lead| {
+        let rest = &text[text.find(lead)? + lead.len()..];
+        Some(&rest[..rest.find('`')?])
+    });
+    let Some(name) = name else {
+        return format!("import only what this host provides: {PROVIDED}");
+    };
+    let (package, version) = name.split_once('@').unwrap_or((name, ""));
+    if package.starts_with("wasi:") && version.starts_with("0.3") {
+        return format!(
+            "`{name}` is WASI 0.3; this host provides WASI 0.2: build for wasm32-wasip2 with \
+             0.2 interfaces"
+        );
+    }
+    let provided = PROVIDED_PACKAGES.contains(&package.split('/').next().unwrap_or(package));
+    if provided {
+        return format!(
+            "this host provides `{package}`, but not as the component was built against \
+             (@{version}): build against vvm-host's WIT (wit/host.wit and wit/deps), as a \
+             project from `vvm-host new` does"
+        );
+    }
+    format!(
+        "remove the import of `{name}` (a library may pull it in) or build against \
+         vvm-host's WIT; the host provides {PROVIDED}"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::outgoing::{HttpPolicy, OutgoingLimits};
+
+    #[test]
+    fn an_import_the_host_lacks_is_named_with_what_to_do() {
+        let missing = "component imports instance `acme:db/query@1.0.0`, but a matching \
+                       implementation was not found in the linker: instance export `run` has \
+                       the wrong type: function implementation is missing";
+        let help = import_help(missing);
+        assert!(
+            help.starts_with("remove the import of `acme:db/query@1.0.0`"),
+            "{help}"
+        );
+        assert!(help.contains("wasi:keyvalue @0.2.0-draft"), "{help}");
+        let p3 = import_help(
+            "component imports instance `wasi:http/handler@0.3.0-rc-2025-09-16`, but a \
+             matching implementation was not found in the linker",
+        );
+        assert!(
+            p3.contains("is WASI 0.3") && p3.contains("wasm32-wasip2"),
+            "{p3}"
+        );
+        let wrong = import_help(
+            "component imports instance `wasi:cli/environment@0.2.6`, but a matching \
+             implementation was not found in the linker: instance export `get-environment` \
+             has the wrong type: function implementation is missing",
+        );
+        assert!(
+            wrong.contains("not as the component was built against (@0.2.6)"),
+            "{wrong}"
+        );
+    }
+
+    #[test]
+    fn a_service_missing_a_grant_for_its_imports_is_told_which() {
+        let imports = [
+            "wasi:sockets/tcp-create-socket@0.2.12".to_owned(),
+            "wasi:http/outgoing-handler@0.2.12".to_owned(),
+        ];
+        let none = HashMap::new();
+        let notes = grant_notes("svc", &imports, &none);
+        assert_eq!(notes.len(), 2, "{notes:?}");
+        assert_eq!(
+            notes[0].help,
+            "add `network = true` to [service.svc] in vvm.toml"
+        );
+        assert!(
+            notes[1]
+                .help
+                .contains("`http = [\"https://api.example.com\"]`")
+        );
+        let http = HttpPolicy::new(
+            &["https://api.example.com".to_owned()],
+            None,
+            OutgoingLimits::default(),
+        )
+        .unwrap();
+        let granted = HashMap::from([(
+            "svc".to_owned(),
+            Grants {
+                network: true,
+                http: Arc::new(http),
+                ..Grants::default()
+            },
+        )]);
+        assert_eq!(grant_notes("svc", &imports, &granted), vec![]);
+        assert_eq!(grant_notes("svc", &[], &none), vec![]);
+    }
+}
