@@ -7,6 +7,7 @@
 #![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 
 mod cli;
+mod docs;
 mod etcd;
 mod fencing;
 mod incoming_http;
