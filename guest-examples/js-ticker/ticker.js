@@ -8,10 +8,9 @@
 // `wasi:http/outgoing-handler`) and logs the status or the error. The operator must grant the
 // URL's origin (`http = ["http://127.0.0.1:8080"]` under `[service.js-ticker]`); a denied
 // fetch rejects. A POST whose connection fails before its body is sent (refused) does not
-// reject with componentize-js 0.23: the engine aborts, which is a trap (see the guests'
-// README).
+// reject with componentize-js 0.23: the engine aborts, which is a trap (see docs/http.md).
 //
-// Built with componentize-js (build.mjs) against the `vvm:host` `service` world
+// Built with componentize-js (guest-examples/build.sh) against the `vvm:host` `service` world
 // (../../wit/host.wit). Top-level code runs at build time (the engine is pre-initialised), so
 // everything that asks the host happens inside `run`.
 
