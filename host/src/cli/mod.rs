@@ -1,8 +1,9 @@
-//! The command line (SPEC §8): `vvm-host serve`, `status`, `kv` and `check`: the clap types and
-//! the dispatch. Settings are resolved by [`crate::config`], the store opened by
+//! The command line (SPEC §8): `vvm-host serve`, `status`, `kv`, `check` and `new`: the clap
+//! types and the dispatch. Settings are resolved by [`crate::config`], the store opened by
 //! [`crate::store::open`].
 
 mod kv;
+mod new;
 mod serve;
 mod status;
 
@@ -16,6 +17,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::config::{self, ConfigError, EtcdFileConfig, FileConfig, Settings};
 use crate::log_output::{Stderr, one_line};
 pub use kv::KvCommand;
+pub use new::{Kind, Lang, NewArgs, NewError};
 
 /// Exit code for bad settings or a store that cannot be opened.
 pub const EXIT_SETUP: u8 = 1;
@@ -77,6 +79,10 @@ pub enum Command {
         #[command(flatten)]
         settings: StoreArgs,
     },
+    /// Make a guest project (Rust, Python or JavaScript; a service or an HTTP service) ready to
+    /// build with its ./build.sh.
+    #[command(after_help = new::EXAMPLES)]
+    New(NewArgs),
 }
 
 const SERVE_EXAMPLES: &str = "\
@@ -129,7 +135,7 @@ impl Command {
         match self {
             Self::Serve(_) => true,
             Self::Status { verbose, .. } | Self::Check { verbose, .. } => *verbose,
-            Self::Kv(_) => false,
+            Self::Kv(_) | Self::New(_) => false,
         }
     }
 }
@@ -334,6 +340,7 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Status { json, settings, .. } => status::status(&settings, json).await,
         Command::Check { dir, settings, .. } => status::check(dir, &settings).await,
         Command::Kv(command) => kv::kv(command).await,
+        Command::New(args) => new::new(&args),
     };
     match result {
         Ok(code) => code,

@@ -57,6 +57,7 @@ fn every_command_has_examples_in_its_help() {
         ),
         ("status", &["vvm-host status --json"][..]),
         ("check", &["vvm-host check"][..]),
+        ("new", &["vvm-host new hello", "--kind http"][..]),
     ] {
         let help = cli
             .find_subcommand_mut(name)
@@ -68,6 +69,25 @@ fn every_command_has_examples_in_its_help() {
             assert!(help.contains(needle), "{name} lacks {needle:?}: {help}");
         }
     }
+}
+
+#[test]
+fn new_makes_a_rust_service_in_the_current_folder_by_default() {
+    let parse = |args: &[&str]| match Cli::try_parse_from(args).unwrap().command {
+        Command::New(args) => (args.name, args.lang, args.kind, args.dir),
+        other => panic!("{other:?}"),
+    };
+    let here = PathBuf::from(".");
+    let default = parse(&["vvm-host", "new", "hello"]);
+    assert_eq!(default, ("hello".into(), Lang::Rust, Kind::Service, here));
+    let args = [
+        "vvm-host", "new", "--lang", "js", "--kind", "http", "--dir", "p", "api",
+    ];
+    let given = parse(&args);
+    assert_eq!(
+        given,
+        ("api".into(), Lang::Js, Kind::Http, PathBuf::from("p"))
+    );
 }
 
 #[test]
@@ -89,6 +109,7 @@ fn tools_log_only_with_verbose_and_serve_always() {
     assert!(logs(&["vvm-host", "status", "-v"]));
     assert!(!logs(&["vvm-host", "check", "dir"]));
     assert!(logs(&["vvm-host", "check", "--verbose", "dir"]));
+    assert!(!logs(&["vvm-host", "new", "hello"]));
 }
 
 fn within_bounds(s: &Settings) -> bool {
