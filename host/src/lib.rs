@@ -2,7 +2,8 @@
 //!
 //! The crate is laid out one module per concept of the specification:
 //!
-//! - [`cli`]: the clap types and dispatch of `vvm-host serve`, `status` and `check`.
+//! - [`cli`]: the clap types and dispatch of `vvm-host serve`, `status`, `check`, `kv` and
+//!   `new`.
 //! - [`server`]: the process's loop: lead, stand by, campaign again after a problem, until
 //!   stopped.
 //! - [`placement`]: which host runs which service: together on a slot, or spread by claims.

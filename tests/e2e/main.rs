@@ -18,6 +18,7 @@ mod keyvalue;
 mod languages;
 mod live_dir;
 mod netns;
+mod new;
 mod ops;
 mod outgoing_http;
 mod spread;

@@ -1,8 +1,9 @@
-//! The command line (SPEC §8): `vvm-host serve`, `status`, `kv` and `check`: the clap types and
-//! the dispatch. Settings are resolved by [`crate::config`], the store opened by
+//! The command line (SPEC §8): `vvm-host serve`, `status`, `kv`, `check` and `new`: the clap
+//! types and the dispatch. Settings are resolved by [`crate::config`], the store opened by
 //! [`crate::store::open`].
 
 mod kv;
+mod new;
 mod serve;
 mod status;
 
@@ -16,6 +17,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::config::{self, ConfigError, EtcdFileConfig, FileConfig, Settings};
 use crate::log_output::{Stderr, one_line};
 pub use kv::KvCommand;
+pub use new::{Kind, Lang, NewArgs, NewError};
 
 /// Exit code for bad settings or a store that cannot be opened.
 pub const EXIT_SETUP: u8 = 1;
@@ -77,6 +79,10 @@ pub enum Command {
         #[command(flatten)]
         settings: StoreArgs,
     },
+    /// Make a guest project (Rust, Python or JavaScript; a service or an HTTP service) ready to
+    /// build with its ./build.sh.
+    #[command(after_help = new::EXAMPLES)]
+    New(NewArgs),
 }
 
 const SERVE_EXAMPLES: &str = "\
@@ -129,7 +135,7 @@ impl Command {
         match self {
             Self::Serve(_) => true,
             Self::Status { verbose, .. } | Self::Check { verbose, .. } => *verbose,
-            Self::Kv(_) => false,
+            Self::Kv(_) | Self::New(_) => false,
         }
     }
 }
@@ -334,6 +340,7 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Status { json, settings, .. } => status::status(&settings, json).await,
         Command::Check { dir, settings, .. } => status::check(dir, &settings).await,
         Command::Kv(command) => kv::kv(command).await,
+        Command::New(args) => new::new(&args),
     };
     match result {
         Ok(code) => code,
@@ -346,155 +353,4 @@ pub async fn run(cli: Cli) -> ExitCode {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use proptest::prelude::*;
-
-    use super::*;
-
-    /// Duration texts a user might type, from sensible to absurd.
-    fn duration_text() -> impl Strategy<Value = String> {
-        let unit = prop::sample::select(vec!["ns", "ms", "s", "m", "h", "d", "w", "y", ""]);
-        prop_oneof![
-            (any::<u64>(), unit.clone()).prop_map(|(n, u)| format!("{n}{u}")),
-            (0u64..100_000, unit).prop_map(|(n, u)| format!("{n}{u}")),
-            "[-0-9a-z. ]{0,12}",
-        ]
-    }
-
-    /// Resolves settings from `vvm.toml` text and then from flags; returns both outcomes.
-    fn resolve_both(file: &str, flags: &[&str]) -> [Result<Settings, String>; 2] {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("vvm.toml");
-        std::fs::write(&path, file).unwrap();
-        let from_file = {
-            let args = ["vvm-host", "serve", "--config", path.to_str().unwrap()];
-            let Command::Serve(serve) = Cli::try_parse_from(args).unwrap().command else {
-                unreachable!()
-            };
-            serve.settings().map_err(|e| e.to_string())
-        };
-        let from_flags = {
-            let none = dir.path().join("empty.toml");
-            std::fs::write(&none, "").unwrap();
-            let mut args = vec!["vvm-host", "serve", "--config", none.to_str().unwrap()];
-            args.extend_from_slice(flags);
-            match Cli::try_parse_from(args) {
-                Ok(Cli {
-                    command: Command::Serve(serve),
-                    ..
-                }) => serve.settings().map_err(|e| e.to_string()),
-                Ok(_) => unreachable!(),
-                Err(e) => Err(e.to_string()),
-            }
-        };
-        [from_file, from_flags]
-    }
-
-    #[test]
-    fn every_command_has_examples_in_its_help() {
-        use clap::CommandFactory;
-        let mut cli = Cli::command();
-        for (name, needles) in [
-            (
-                "serve",
-                &["--store etcd://", "[service.ticker]", "dirs = ", "standby"][..],
-            ),
-            ("status", &["vvm-host status --json"][..]),
-            ("check", &["vvm-host check"][..]),
-        ] {
-            let help = cli
-                .find_subcommand_mut(name)
-                .unwrap()
-                .render_long_help()
-                .to_string();
-            assert!(help.contains("Examples:"), "{name}: {help}");
-            for needle in needles {
-                assert!(help.contains(needle), "{name} lacks {needle:?}: {help}");
-            }
-        }
-    }
-
-    #[test]
-    fn colour_only_on_a_terminal_without_no_color() {
-        assert!(use_colour(true, None));
-        assert!(
-            use_colour(true, Some("".as_ref())),
-            "an empty NO_COLOR is unset"
-        );
-        assert!(!use_colour(true, Some("1".as_ref())));
-        assert!(!use_colour(false, None));
-    }
-
-    #[test]
-    fn tools_log_only_with_verbose_and_serve_always() {
-        let logs = |args: &[&str]| Cli::try_parse_from(args).unwrap().command.logs();
-        assert!(logs(&["vvm-host", "serve"]));
-        assert!(!logs(&["vvm-host", "status"]));
-        assert!(logs(&["vvm-host", "status", "-v"]));
-        assert!(!logs(&["vvm-host", "check", "dir"]));
-        assert!(logs(&["vvm-host", "check", "--verbose", "dir"]));
-    }
-
-    fn within_bounds(s: &Settings) -> bool {
-        (1..=config::MAX_CLUSTER_SIZE).contains(&s.cluster_size)
-            && (config::MIN_LEASE..=config::MAX_LEASE).contains(&s.lease)
-            && s.acquisition_timeout <= config::MAX_ACQUISITION_TIMEOUT
-            && s.grace_period <= config::MAX_GRACE_PERIOD
-            && (1..=config::mib_to_bytes(config::MAX_MEMORY_LIMIT_MIB)).contains(&s.memory_limit)
-            && (config::MIN_HANDLE_LIMIT..=config::MAX_HANDLE_LIMIT).contains(&s.handle_limit)
-            && (config::RESTART_BACKOFF_INITIAL..=config::MAX_RESTART_BACKOFF_MAX)
-                .contains(&s.restart_backoff_max)
-            && s.metrics_addr.is_some()
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
-
-        /// SPEC §8: no setting can make the host panic or hang. Whatever a flag or the file
-        /// says, resolving either refuses it with a message naming the setting, or gives
-        /// values within every bound. (The environment goes through the same parsers as the
-        /// flags, by clap; it is process-wide, so not varied in parallel tests.)
-        #[test]
-        fn any_setting_is_refused_by_name_or_within_bounds(
-            lease in duration_text(),
-            acquisition in duration_text(),
-            grace in duration_text(),
-            cluster in any::<u32>(),
-            memory in any::<u64>(),
-            handles in any::<u32>(),
-            backoff in duration_text(),
-            metrics_addr in prop_oneof![
-                "[0-9a-z.:\\[\\] ]{0,24}",
-                (any::<[u8; 4]>(), any::<u16>())
-                    .prop_map(|(ip, port)| std::net::SocketAddr::from((ip, port)).to_string()),
-            ],
-        ) {
-            let file = format!(
-                "lease = \"{lease}\"\nacquisition-timeout = \"{acquisition}\"\n\
-                 grace-period = \"{grace}\"\ncluster-size = {cluster}\n\
-                 memory-limit-mib = {memory}\nhandle-limit = {handles}\n\
-                 restart-backoff-max = \"{backoff}\"\nmetrics-addr = \"{metrics_addr}\"\n"
-            );
-            let (cluster, memory, handles) =
-                (cluster.to_string(), memory.to_string(), handles.to_string());
-            let flags = [
-                "--lease", &lease, "--acquisition-timeout", &acquisition,
-                "--grace-period", &grace, "--cluster-size", &cluster,
-                "--memory-limit-mib", &memory, "--handle-limit", &handles,
-                "--restart-backoff-max", &backoff, "--metrics-addr", &metrics_addr,
-            ];
-            for outcome in resolve_both(&file, &flags) {
-                match outcome {
-                    Ok(settings) => prop_assert!(within_bounds(&settings), "{settings:?}"),
-                    Err(message) => prop_assert!(
-                        ["lease", "acquisition", "grace", "cluster", "memory", "handle", "restart-backoff-max", "duration", "metrics-addr"]
-                            .iter()
-                            .any(|name| message.contains(name)),
-                        "{message}"
-                    ),
-                }
-            }
-        }
-    }
-}
+mod tests;
