@@ -34,10 +34,6 @@ use testkit::host::Host;
 use crate::BIN;
 use crate::tools::tool;
 
-/// Subcommands a page may show before the binary has them (written in parallel): their
-/// lines are checked once the binary knows them, and skipped, with a note, until then.
-const PENDING: &[&str] = &["new"];
-
 /// A page of the documentation.
 struct Page {
     /// Relative to the repository, for messages.
@@ -315,13 +311,6 @@ fn check_command(fixture: &Path, at: &str, args: &[String]) {
     );
     let (name, rest) = subcommand(args);
     let parsed = Command::new(BIN).args(args).arg("--help").output().unwrap();
-    if !parsed.status.success()
-        && PENDING.contains(&name)
-        && text(&parsed.stderr).contains("unrecognized subcommand")
-    {
-        eprintln!("{at}: skipped: `{name}` is not in this binary yet");
-        return;
-    }
     assert!(
         parsed.status.success(),
         "{at}: vvm-host does not take {args:?}:\n{}",
