@@ -174,6 +174,8 @@ fn a_standby_does_not_accept_and_serves_once_the_leader_stops() {
 /// its runs in its store), and its handler answers beside it, under the same term.
 #[test]
 fn a_replaced_http_service_answers_throughout_and_a_handler_serves_beside_run() {
+    // Its client asks without a pause: a load that must not run beside short-lease tests.
+    let _heavy = crate::one_heavy_test_at_a_time();
     let addr = free_addr();
     let dir = hello_dir(&["hello"], "");
     let a = serve("a", dir.path(), addr);
