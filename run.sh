@@ -44,11 +44,11 @@ case "${1:-}" in
     ;;
   test)
     shift
-    # A fresh build and the test run take about 3.5 GB; say so before cargo fails mid-build.
+    # A fresh build and the test run take about 4 GB; say so before cargo fails mid-build.
     free_kb=$(df -Pk . | awk 'NR == 2 { print $4 }')
-    if [ "${free_kb:-0}" -lt $((4 * 1024 * 1024)) ]; then
+    if [ "${free_kb:-0}" -lt $((5 * 1024 * 1024)) ]; then
       echo "run.sh: warning: $((free_kb / 1024)) MB free on $(df -P . | awk 'NR == 2 { print $6 }');" \
-        "a fresh build and test run take about 3.5 GB" >&2
+        "a fresh build and test run take about 4 GB" >&2
     fi
     setup
     cargo fmt --all --check

@@ -107,23 +107,30 @@ impl Host {
 
     /// Waits for the first line at index >= `from` containing every needle.
     pub fn wait_for_from(&self, from: usize, needles: &[&str]) -> (usize, Line) {
+        let (i, _, line) = self.wait_for_any_from(from, &[needles]);
+        (i, line)
+    }
+
+    /// Waits for the first line at index >= `from` containing every needle of one of
+    /// `choices`; returns its index, the index of the choice it meets, and the line.
+    pub fn wait_for_any_from(&self, from: usize, choices: &[&[&str]]) -> (usize, usize, Line) {
         let (lock, cv) = &*self.log;
         let end = Instant::now() + PATIENCE;
         let mut log = lock.lock().unwrap();
         loop {
-            if let Some((i, line)) = log
-                .lines
-                .iter()
-                .enumerate()
-                .skip(from)
-                .find(|(_, l)| needles.iter().all(|n| l.text.contains(n)))
-            {
-                return (i, line.clone());
+            let found = log.lines.iter().enumerate().skip(from).find_map(|(i, l)| {
+                let choice = choices
+                    .iter()
+                    .position(|needles| needles.iter().all(|n| l.text.contains(n)))?;
+                Some((i, choice, l.clone()))
+            });
+            if let Some(found) = found {
+                return found;
             }
             let now = Instant::now();
             assert!(
                 now < end,
-                "{}: no line with {needles:?} within {PATIENCE:?}; log:\n{}",
+                "{}: no line with {choices:?} within {PATIENCE:?}; log:\n{}",
                 self.name,
                 tail(&log.lines)
             );
@@ -145,6 +152,52 @@ impl Host {
     pub fn signal(&self, signal: rustix::process::Signal) {
         let pid = rustix::process::Pid::from_raw(self.pid()).unwrap();
         rustix::process::kill_process(pid, signal).unwrap();
+    }
+
+    /// Sends SIGSTOP and waits until the kernel shows the process stopped (or gone): state
+    /// `T` in `/proc/PID/stat`, which is what a leader reads to pass a stopped standby by.
+    pub fn stop(&self) {
+        self.signal(rustix::process::Signal::STOP);
+        let end = Instant::now() + PATIENCE;
+        loop {
+            let stat =
+                std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next());
+            if matches!(state, None | Some("T" | "t" | "Z" | "X")) {
+                return;
+            }
+            assert!(Instant::now() < end, "{} did not stop", self.name);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Keeps this host stopped (SIGSTOP) until `other` logs a line with every needle, and
+    /// returns that line; the caller sends SIGCONT.
+    ///
+    /// A host stopped inside a write to the redb store holds a lock on the file, and no
+    /// other process can write it until the host runs again (docs/guarantees.md, "No
+    /// process stalls another"). So when `other` reports a lock held past its patience, this
+    /// host is let run for a moment to finish its write, then stopped again. Whatever it
+    /// does while it runs, it does before `other` could take anything over.
+    pub fn stop_until(&self, other: &Host, needles: &[&str]) -> Line {
+        const LOCK_HELD: &[&str] = &["another process has held"];
+        loop {
+            let from = other.mark();
+            self.signal(rustix::process::Signal::STOP);
+            let (_, choice, line) = other.wait_for_any_from(from, &[needles, LOCK_HELD]);
+            if choice == 0 {
+                return line;
+            }
+            eprintln!(
+                "{}: stopped inside a store write; resumed for a moment",
+                self.name
+            );
+            self.signal(rustix::process::Signal::CONT);
+            // Any length will do: a write still unfinished is reported again.
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// Waits for the process to exit and for its output to be read.

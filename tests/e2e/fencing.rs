@@ -94,9 +94,8 @@ fn terms_in_a_granted_file_never_go_down_when_a_stopped_leader_resumes() {
     a.wait_for(&["journal 1 "]);
     let mut b = serve("b", dir.path(), "1s");
     b.wait_for(&["campaigning"]);
-    a.signal(Signal::STOP);
     // A is frozen mid-write for well past L; B takes over and appends under a higher term.
-    b.wait_for(&["journal 2 "]);
+    a.stop_until(&b, &["journal 2 "]);
     std::thread::sleep(Duration::from_millis(1500));
     a.signal(Signal::CONT);
     // A resumes past its deadline: every effect it attempts is refused, and the killer ends it

@@ -290,8 +290,7 @@ fn a_response_in_progress_is_never_completed_once_its_lease_deadline_passed() {
         assert!(n > 0, "closed before the first chunk");
         got.extend_from_slice(&buf[..n]);
     }
-    a.signal(Signal::STOP);
-    b.wait_for(&["http listening"]);
+    a.stop_until(&b, &["http listening"]);
     a.signal(Signal::CONT);
     // Until the host cuts the connection (a reset ends it as well as a close).
     loop {

@@ -145,9 +145,8 @@ fn a_graceful_leader_hands_its_slot_over_passing_a_stopped_standby_by() {
     let b = serve("b", dir.path(), "2s");
     b.wait_for(&["campaigning"]);
     std::thread::sleep(Duration::from_millis(50));
-    b.signal(Signal::STOP);
-    // Let the stop land (A reads B's state from /proc as it releases).
-    std::thread::sleep(Duration::from_millis(200));
+    // Stopped for sure (A reads B's state from /proc as it releases).
+    b.stop();
     a.signal(Signal::TERM);
     assert!(a.wait_exit().success());
     let released = a.wait_for(&["released"]);
@@ -271,8 +270,7 @@ fn a_stopped_leader_has_no_effect_after_its_deadline_and_rejoins_as_standby() {
     a.wait_for(&["tick 1:"]);
     let b = serve("b", dir.path(), "1s");
     b.wait_for(&["campaigning"]);
-    a.signal(Signal::STOP);
-    let first_b = b.wait_for(&["tick 1:"]);
+    let first_b = a.stop_until(&b, &["tick 1:"]);
     std::thread::sleep(Duration::from_millis(500));
     let mark = a.mark();
     a.signal(Signal::CONT);
