@@ -307,9 +307,9 @@ impl RedbStore {
             let (value, outcome) = f(&txn, inner.clock.now())?;
             match outcome {
                 Outcome::Abort => txn.abort()?,
-                Outcome::Commit => txn.commit()?,
+                Outcome::Commit => txn.commit().map_err(|e| Fault::Commit(e.into()))?,
                 Outcome::Release(releases) => {
-                    txn.commit()?;
+                    txn.commit().map_err(|e| Fault::Commit(e.into()))?;
                     // Right after the commit, on this thread: the waiters of other processes
                     // hear of it even if our caller has stopped waiting for the answer.
                     inner.ring(releases);

@@ -39,6 +39,11 @@ pub(super) enum Fault {
     /// The file changed under this host: overwritten or replaced (`scrub`).
     #[error("{0}")]
     Invalid(String),
+    /// A commit failed (a peer stopped while it held the header lock, an I/O error). Nothing
+    /// of it was written, but redb has discarded this handle's allocator state: the handle
+    /// must be opened anew.
+    #[error("commit failed: {0}")]
+    Commit(#[source] redb::Error),
     /// The blocking task running the operation panicked or was cancelled.
     #[error("the store operation did not complete: {0}")]
     Aborted(String),
@@ -85,21 +90,26 @@ impl Fault {
             | Self::ReadOnly
             | Self::Invalid(_)
             | Self::Aborted(_) => false,
-            Self::Redb(e) => redb_is_transient(e),
+            Self::Redb(e) | Self::Commit(e) => redb_is_transient(e) || spent(e),
         }
     }
 
     /// True if this handle of the database cannot be used any more and must be opened anew
     /// (redb asks for this after an I/O error: "close and re-open the database").
     pub(super) fn needs_reopen(&self) -> bool {
-        matches!(
-            self,
-            Self::Redb(
-                redb::Error::PreviousIo
-                    | redb::Error::DatabaseClosed
-                    | redb::Error::LockPoisoned(_)
-            )
-        )
+        match self {
+            Self::Commit(_) => true,
+            Self::Redb(e) => {
+                spent(e)
+                    || matches!(
+                        e,
+                        redb::Error::PreviousIo
+                            | redb::Error::DatabaseClosed
+                            | redb::Error::LockPoisoned(_)
+                    )
+            }
+            _ => false,
+        }
     }
 
     /// The [`StoreError`] reported to callers: `op` on the store at `path`, and the cause.
@@ -111,6 +121,12 @@ impl Fault {
             StoreError::permanent(context, self)
         }
     }
+}
+
+/// Whether `e` is redb's answer on a handle whose allocator state a failed commit discarded
+/// (it has no variant of its own): the file is sound, and reopening the handle repairs it.
+fn spent(e: &redb::Error) -> bool {
+    matches!(e, redb::Error::Corrupted(why) if why.contains("reopen the database"))
 }
 
 fn redb_is_transient(e: &redb::Error) -> bool {
@@ -200,6 +216,13 @@ mod tests {
         let previous = Fault::Redb(redb::Error::PreviousIo);
         assert!(previous.is_transient() && previous.needs_reopen());
         assert!(!Fault::Redb(redb::Error::Corrupted("x".into())).is_transient());
+        // The words redb 4 uses for a handle spent by a failed commit.
+        let spent = Fault::Redb(redb::Error::Corrupted(
+            "Allocator state was discarded by a failed integrity check or commit; reopen the \
+             database to repair it"
+                .into(),
+        ));
+        assert!(spent.is_transient() && spent.needs_reopen());
         assert!(!Fault::Redb(redb::Error::LockProtocolMismatch).is_transient());
     }
 

@@ -350,6 +350,54 @@ async fn a_header_lock_held_by_a_stopped_peer_is_a_transient_error_not_a_hang() 
     assert!(renewed, "renewals go on once the peer lets go");
 }
 
+/// A peer stopped in the middle of our commit (it took the header lock after our write began)
+/// makes the commit fail, and redb discards the handle's allocator state: every later
+/// transaction on that handle fails with "reopen the database to repair it". The store
+/// reopens it, so operations go on once the peer lets go. (A CI run: a leader whose commit
+/// a Ctrl-Z'd `vvm-host status` cut this way lost its lease, and could not campaign again.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_cut_by_a_stopped_peer_spends_the_handle_and_the_store_reopens_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::default());
+    let store = RedbStore::open_inner(&path, clock, Duration::from_millis(100), false)
+        .await
+        .unwrap();
+    store
+        .insert_if_absent("1", "a", TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    let peer = Arc::new(std::sync::Mutex::new(None));
+    let (in_txn, file) = (Arc::clone(&peer), path.clone());
+    let cut = store
+        .write("cut", Lane::Lease, move |_, _| {
+            // The peer stops inside the transaction: it holds the header the commit needs.
+            *in_txn.lock().unwrap() = Some(StoppedPeer::holding_the_header(&file));
+            Ok(((), Outcome::Commit))
+        })
+        .await;
+    let e = cut.expect_err("a commit without the header lock");
+    assert!(e.is_transient(), "{e}");
+    peer.lock().unwrap().take().unwrap().let_go();
+
+    let mut last = None;
+    for _ in 0..50 {
+        match store.compare_and_swap("1", "a", "a", TTL).await {
+            Ok(renewed) => {
+                assert!(renewed, "the record is still ours");
+                return;
+            }
+            Err(e) => {
+                assert!(e.is_transient(), "a spent handle is no lasting fault: {e}");
+                last = Some(e);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("renewals never went on after the peer let go: {last:?}");
+}
+
 /// A ring of the release bell ends a wait at once, even while a peer holds the file's header
 /// lock (a process stopped in the middle of a commit): the wait does not read the release
 /// counter first, and the bell's watch thread reads the records for [`TtlStore::handed`]
