@@ -35,9 +35,11 @@ build_rust() {
     cp "$wasm/rust_http.wasm" "$out/rust-http.wasm"
     # test guests
     local t
-    for t in trap spin hog nosy effects journal kv_flood kv_bench other_world leak http_client http_hello http_both foreign_import; do
+    for t in trap spin hog nosy effects journal kv_flood kv_bench other_world leak http_client http_hello http_both foreign_import wasi_hello; do
         cp "$wasm/test_$t.wasm" "$out/test/${t//_/-}.wasm"
     done
+    # A binary, as wstd's README makes an HTTP server.
+    cp "$wasm/test-wstd-hello.wasm" "$out/test/wstd-hello.wasm"
 }
 
 wit="$here/../wit"

@@ -310,3 +310,57 @@ fn a_response_in_progress_is_never_completed_once_its_lease_deadline_passed() {
     assert_eq!((status, tokens), (200, vec!["2".to_owned()]));
     stop(b);
 }
+
+/// Off-the-shelf proxy components (SPEC §10): one made with `wstd` as its README makes an
+/// HTTP server (a binary, so it also exports `wasi:cli/run`, whose `main` panics) and one made
+/// with the `wasi` crate. `check` calls both `wasi:http/proxy` and says that the `wstd` one's
+/// `run` is not called; `serve` answers both with the token and never runs that `main` (it
+/// crash-looped before: restarted with backoff, a failing service in `status`).
+#[test]
+fn off_the_shelf_proxy_components_are_served_and_a_run_beside_the_handler_never_called() {
+    let dir = tempfile::tempdir().unwrap();
+    let services = dir.path().join("services");
+    std::fs::create_dir(&services).unwrap();
+    for (guest, name) in [("test/wstd-hello", "wstd"), ("test/wasi-hello", "wasi")] {
+        std::fs::copy(guests::guest(guest), services.join(format!("{name}.wasm"))).unwrap();
+    }
+    let check = std::process::Command::new(BIN)
+        .args(["check", "services"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&check.stdout);
+    assert!(check.status.success(), "{report}");
+    assert!(
+        report.contains("ok    wasi (wasi:http/proxy)\n"),
+        "{report}"
+    );
+    assert!(
+        report.contains("ok    wstd (wasi:http/proxy)\n  note: it exports wasi:cli/run"),
+        "{report}"
+    );
+
+    let addr = free_addr();
+    let host = serve("a", dir.path(), addr);
+    host.wait_for(&["http listening"]);
+    for (path, body) in [
+        ("/wstd/x", "hello from wstd /wstd/x\n"),
+        ("/wasi/y?z=1", "hello from wasi /wasi/y?z=1\n"),
+    ] {
+        let (status, tokens, got) = get(addr, path);
+        assert_eq!(
+            (status, tokens, got.as_str()),
+            (200, vec!["1".to_owned()], body)
+        );
+    }
+    let lines = host.lines();
+    let ran: Vec<&str> = lines
+        .iter()
+        .map(|l| l.text.as_str())
+        .filter(|t| {
+            t.contains("panicked") || t.contains("service failed") || t.contains("\"command\"")
+        })
+        .collect();
+    assert!(ran.is_empty(), "the wstd server's main ran: {ran:#?}");
+    stop(host);
+}

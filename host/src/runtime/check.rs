@@ -56,7 +56,11 @@ pub fn check(config: RuntimeConfig) -> Result<CheckReport, RuntimeError> {
     let notes = services
         .loaded()
         .iter()
-        .flat_map(|svc| grant_notes(&svc.name, &svc.imports, &grants))
+        .flat_map(|svc| {
+            let mut notes = grant_notes(&svc.name, &svc.imports, &grants);
+            notes.extend(unrun_note(&svc.name, svc.kind(), &svc.exports));
+            notes
+        })
         .collect();
     Ok(CheckReport {
         services: services.services(),
@@ -98,6 +102,21 @@ fn grant_notes(name: &str, imports: &[String], all: &HashMap<String, Grants>) ->
         });
     }
     notes
+}
+
+/// Whether service `name`, of `kind` and exporting `exports`, has a `wasi:cli/run` that is
+/// never called: an HTTP service is only served (see `component::classify`).
+fn unrun_note(name: &str, kind: ServiceKind, exports: &[String]) -> Option<Note> {
+    let has_run = exports.iter().any(|e| e.starts_with("wasi:cli/run@"));
+    (kind == ServiceKind::Http && has_run).then(|| Note {
+        service: name.to_owned(),
+        note: "it exports wasi:cli/run beside its HTTP handler: it is served request by \
+               request, and its run is never called (as wasmtime serve does)"
+            .to_owned(),
+        help: "for code that runs for as long as the service does, beside the handler, \
+               export `run` of the vvm:host service world instead (docs/http.md)"
+            .to_owned(),
+    })
 }
 
 /// The packages the host provides interfaces of (in some versions).

@@ -26,13 +26,12 @@ pub enum ServiceKind {
     /// A plain `wasi:cli/command`: its `run` is the service; dropped at once on stop.
     Command,
     /// An HTTP service (`wasi:http/proxy`): exports `wasi:http/incoming-handler`, and is
-    /// served on `http-addr` by route, one instance per request.
+    /// served on `http-addr` by route, one instance per request. A `wasi:cli/run` it also
+    /// exports is never called (see [`classify`]).
     Http,
     /// A `vvm:host/service` that also exports `wasi:http/incoming-handler`: `run` runs as a
     /// service's does, and requests are served beside it, each in its own instance.
     ServiceAndHttp,
-    /// A `wasi:cli/command` that also exports `wasi:http/incoming-handler`.
-    CommandAndHttp,
 }
 
 impl fmt::Display for ServiceKind {
@@ -42,7 +41,6 @@ impl fmt::Display for ServiceKind {
             Self::Command => "wasi:cli/command",
             Self::Http => "wasi:http/proxy",
             Self::ServiceAndHttp => "vvm:host/service + wasi:http/incoming-handler",
-            Self::CommandAndHttp => "wasi:cli/command + wasi:http/incoming-handler",
         })
     }
 }
@@ -123,6 +121,8 @@ pub(crate) struct Loaded {
     /// Its `wasi:http/incoming-handler`, if it exports one: served on `http-addr`, one
     /// instance per request.
     pub handler: Option<ProxyPre<Host>>,
+    /// What it exports, by name (`run`, `wasi:http/incoming-handler@0.2.4`, ...).
+    pub exports: Vec<String>,
     /// What it imports, by name (`wasi:http/outgoing-handler@0.2.12`, ...).
     pub imports: Vec<String>,
 }
@@ -133,8 +133,7 @@ impl Loaded {
         match (&self.pre, self.handler.is_some()) {
             (Pre::Service(_), false) => ServiceKind::Service,
             (Pre::Service(_), true) => ServiceKind::ServiceAndHttp,
-            (Pre::Command(_), false) => ServiceKind::Command,
-            (Pre::Command(_), true) => ServiceKind::CommandAndHttp,
+            (Pre::Command(_), _) => ServiceKind::Command,
             (Pre::Http, _) => ServiceKind::Http,
         }
     }
@@ -261,16 +260,15 @@ impl Compiler<'_> {
         }
         let (pre, handler) = classify(self.engine, &component, linker).map_err(fail)?;
         let version = file.version();
-        let imports = component
-            .component_type()
-            .imports(self.engine)
-            .map(|(name, _)| name.to_owned())
-            .collect();
+        let ty = component.component_type();
+        let exports = ty.exports(self.engine).map(|(n, _)| n.to_owned()).collect();
+        let imports = ty.imports(self.engine).map(|(n, _)| n.to_owned()).collect();
         Ok(Loaded {
             name,
             version,
             pre,
             handler,
+            exports,
             imports,
         })
     }
@@ -309,6 +307,12 @@ fn check_header(bytes: &[u8]) -> Result<(), String> {
 
 /// Finds the world `component` targets and pre-instantiates it against `linker`: what it
 /// runs, and its HTTP handler if it exports one.
+///
+/// A `wasi:cli/run` beside the handler is not run, as `wasmtime serve` and Spin do not run
+/// it: every Rust binary built for wasm32-wasip2 exports one, and `wstd`'s `http_server`
+/// (an HTTP server as its README writes one) makes a binary whose `main` panics. Code that
+/// runs for as long as the service does, beside its handler, is `run` of the `vvm:host`
+/// service world.
 fn classify(
     engine: &Engine,
     component: &Component,
@@ -347,7 +351,7 @@ fn classify(
                 source,
             })?,
         )
-    } else if is_command {
+    } else if is_command && !is_http {
         Pre::Command(
             CommandPre::new(pre).map_err(|source| LoadErrorKind::WrongType {
                 export: "`wasi:cli/run`",

@@ -316,15 +316,7 @@ async fn wait_released_returns_after_max_without_a_release() {
 async fn a_header_lock_held_by_a_stopped_peer_is_a_transient_error_not_a_hang() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.redb");
-    let clock: Arc<dyn Clock> = Arc::new(ManualClock::default());
-    let store = RedbStore::open_inner(&path, clock, Duration::from_millis(100), false)
-        .await
-        .unwrap();
-    store
-        .insert_if_absent("1", "a", TTL)
-        .await
-        .unwrap()
-        .unwrap();
+    let store = impatient_holder(&path).await;
     let peer = StoppedPeer::holding_the_header(&path);
 
     let renewal = tokio::time::timeout(
@@ -338,16 +330,7 @@ async fn a_header_lock_held_by_a_stopped_peer_is_a_transient_error_not_a_hang() 
     assert!(e.to_string().contains("held a lock"), "{e}");
 
     peer.let_go();
-    // The failed commit may have spent the handle; the store reopens it on its own.
-    let mut renewed = false;
-    for _ in 0..50 {
-        if let Ok(ok) = store.compare_and_swap("1", "a", "a", TTL).await {
-            renewed = ok;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(renewed, "renewals go on once the peer lets go");
+    renews_again(&store).await;
 }
 
 /// A peer stopped in the middle of our commit (it took the header lock after our write began)
@@ -359,15 +342,7 @@ async fn a_header_lock_held_by_a_stopped_peer_is_a_transient_error_not_a_hang() 
 async fn a_commit_cut_by_a_stopped_peer_spends_the_handle_and_the_store_reopens_it() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.redb");
-    let clock: Arc<dyn Clock> = Arc::new(ManualClock::default());
-    let store = RedbStore::open_inner(&path, clock, Duration::from_millis(100), false)
-        .await
-        .unwrap();
-    store
-        .insert_if_absent("1", "a", TTL)
-        .await
-        .unwrap()
-        .unwrap();
+    let store = impatient_holder(&path).await;
     let peer = Arc::new(std::sync::Mutex::new(None));
     let (in_txn, file) = (Arc::clone(&peer), path.clone());
     let cut = store
@@ -380,7 +355,27 @@ async fn a_commit_cut_by_a_stopped_peer_spends_the_handle_and_the_store_reopens_
     let e = cut.expect_err("a commit without the header lock");
     assert!(e.is_transient(), "{e}");
     peer.lock().unwrap().take().unwrap().let_go();
+    renews_again(&store).await;
+}
 
+/// A store on `path` that waits 100 ms for another process's lock, holding record "1" as "a".
+async fn impatient_holder(path: &Path) -> RedbStore {
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::default());
+    let store = RedbStore::open_inner(path, clock, Duration::from_millis(100), false)
+        .await
+        .unwrap();
+    store
+        .insert_if_absent("1", "a", TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    store
+}
+
+/// Renews "1" until it succeeds, as the renewal loop would, a peer's lock being gone: a failed
+/// commit may have spent the handle, which the store reopens on its own, so every failure on
+/// the way is transient.
+async fn renews_again(store: &RedbStore) {
     let mut last = None;
     for _ in 0..50 {
         match store.compare_and_swap("1", "a", "a", TTL).await {
