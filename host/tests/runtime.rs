@@ -688,7 +688,7 @@ fn a_failed_cache_write_leaves_nothing_behind() {
 #[test]
 fn check_reports_every_file() {
     let (_dir, config) = setup(&[("rust-ticker", "ok-ticker"), ("test/empty", "broken")]);
-    let report = vvm_host::runtime::check(config).unwrap();
+    let report = vvm_host::runtime::check(config, None).unwrap();
     assert!(!report.is_ok());
     assert_eq!(
         report.services,
@@ -699,6 +699,33 @@ fn check_reports_every_file() {
         report.errors[0]
             .to_string()
             .contains("broken.wasm: not a valid component: empty file")
+    );
+}
+
+/// `check FILE` checks that one file of the directory, and refuses a file that no services
+/// directory would take for a service, naming it.
+#[test]
+fn check_of_one_file_reports_that_file_alone() {
+    let (dir, config) = setup(&[("rust-ticker", "ok-ticker"), ("test/empty", "broken")]);
+    let services = dir.path();
+    let report =
+        vvm_host::runtime::check(config.clone(), Some(services.join("ok-ticker.wasm"))).unwrap();
+    assert!(report.is_ok(), "{:?}", report.errors);
+    assert_eq!(
+        report.services,
+        vec![("ok-ticker".into(), ServiceKind::Service)]
+    );
+    let report =
+        vvm_host::runtime::check(config.clone(), Some(services.join("broken.wasm"))).unwrap();
+    assert_eq!((report.services.len(), report.errors.len()), (0, 1));
+
+    let stray = services.join("ok-ticker.wasm~");
+    std::fs::copy(services.join("ok-ticker.wasm"), &stray).unwrap();
+    let e = vvm_host::runtime::check(config, Some(stray)).unwrap_err();
+    assert!(
+        e.to_string()
+            .ends_with("ok-ticker.wasm~: not a service file: a service is a file named NAME.wasm"),
+        "{e}"
     );
 }
 

@@ -70,8 +70,9 @@ pub enum Command {
     /// Validate every component in a directory without serving; non-zero exit if any is bad.
     #[command(after_help = CHECK_EXAMPLES)]
     Check {
-        /// The directory to check (default: the configured services directory).
-        dir: Option<PathBuf>,
+        /// The directory to check, or one `.wasm` file (default: the configured services
+        /// directory).
+        path: Option<PathBuf>,
         /// Also show log lines (on stderr); without it only the result is printed.
         #[arg(short, long)]
         verbose: bool,
@@ -338,7 +339,7 @@ pub async fn run(cli: Cli) -> ExitCode {
     let result = match cli.command {
         Command::Serve(args) => serve::serve(&args).await,
         Command::Status { json, settings, .. } => status::status(&settings, json).await,
-        Command::Check { dir, settings, .. } => status::check(dir, &settings).await,
+        Command::Check { path, settings, .. } => status::check(path, &settings).await,
         Command::Kv(command) => kv::kv(command).await,
         Command::New(args) => new::new(&args),
     };

@@ -1,7 +1,7 @@
 //! `vvm-host status` and `vvm-host check`: read-only views for operators.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use super::StoreArgs;
@@ -258,15 +258,29 @@ pub(super) fn emit(text: &[u8]) -> std::io::Result<()> {
     }
 }
 
-/// Validates every component in `dir` (world, imports) without serving.
-pub(super) async fn check(dir: Option<PathBuf>, args: &StoreArgs) -> anyhow::Result<ExitCode> {
+/// Validates every component in the directory `path`, or the one file `path` (world,
+/// imports), without serving.
+pub(super) async fn check(path: Option<PathBuf>, args: &StoreArgs) -> anyhow::Result<ExitCode> {
     let mut settings = args.settings()?;
-    if let Some(dir) = dir {
+    let mut file = None;
+    if let Some(path) = path {
+        let dir = if path.is_file() {
+            // Its own directory is its services directory: its cache, its neighbours' grants.
+            let dir = path.parent().map(Path::to_owned).unwrap_or_default();
+            file = Some(path);
+            if dir.as_os_str().is_empty() {
+                PathBuf::from(".")
+            } else {
+                dir
+            }
+        } else {
+            path
+        };
         settings.cache_dir = config::default_cache_dir(&dir);
         settings.services = dir;
     }
     let config = RuntimeConfig::from_settings(&settings)?;
-    let report = tokio::task::spawn_blocking(move || crate::runtime::check(config)).await??;
+    let report = tokio::task::spawn_blocking(move || crate::runtime::check(config, file)).await??;
     let mut out = Vec::new();
     for (name, world) in &report.services {
         writeln!(out, "ok    {name} ({world})")?;

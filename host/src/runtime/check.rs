@@ -4,9 +4,12 @@
 //! what it imports.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::component::{LoadError, LoadErrorKind, ServiceKind};
+use tokio_util::sync::CancellationToken;
+
+use super::component::{LoadError, LoadErrorKind, ServiceKind, service_name};
 use super::config::Grants;
 use super::wasm_services::WasmServices;
 use super::{RuntimeConfig, RuntimeError};
@@ -42,17 +45,26 @@ pub struct Note {
     pub help: String,
 }
 
-/// Validates every component of `config.services_dir`: it parses and compiles, targets a
-/// supported world, and imports only what the host provides; and whether each service has
-/// the grants its imports need. Fills the compile cache.
+/// Validates every component of `config.services_dir`, or only `file` if given: it parses
+/// and compiles, targets a supported world, and imports only what the host provides; and
+/// whether each service has the grants its imports need. Fills the compile cache.
 ///
 /// # Errors
-/// As [`WasmServices::load`].
-pub fn check(config: RuntimeConfig) -> Result<CheckReport, RuntimeError> {
+/// As [`WasmServices::load`]; [`RuntimeError::NotAService`] for a `file` that no services
+/// directory would take for a service.
+pub fn check(config: RuntimeConfig, file: Option<PathBuf>) -> Result<CheckReport, RuntimeError> {
     let grants = config.grants.clone();
     // Nothing runs, so nothing is counted: the loads' series go to a set nobody reads.
     let unread = Ops::new(Arc::new(crate::clock::SystemClock::local()));
-    let (services, errors) = WasmServices::load(config, unread)?;
+    let (services, errors) = match file {
+        Some(path) if service_name(&path).is_none() => {
+            return Err(RuntimeError::NotAService { path });
+        }
+        Some(path) => {
+            WasmServices::load_files(config, unread, &CancellationToken::new(), vec![path])?
+        }
+        None => WasmServices::load(config, unread)?,
+    };
     let notes = services
         .loaded()
         .iter()

@@ -107,6 +107,13 @@ pub enum RuntimeError {
         /// notify's error, or the thread's that could not be started.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// `vvm-host check FILE` on a file that is no service: not named `NAME.wasm`, or named
+    /// as a temporary file is (see the services directory in SPEC §6).
+    #[error("{}: not a service file: a service is a file named NAME.wasm", path.display())]
+    NotAService {
+        /// The file.
+        path: PathBuf,
+    },
     /// Told to stop before every service was loaded ([`WasmServices::load_until`]).
     #[error("stopped before every service was loaded")]
     Stopped,

@@ -2,6 +2,7 @@
 //! [`Services`] (SPEC §5 step 3, §6).
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
@@ -63,9 +64,23 @@ impl WasmServices {
         ops: Ops,
         stop: &CancellationToken,
     ) -> Result<(Self, Vec<LoadError>), RuntimeError> {
+        let files = component::discover(&config.services_dir)?;
+        Self::load_files(config, ops, stop, files)
+    }
+
+    /// Like [`WasmServices::load_until`], for `files` rather than every service file of the
+    /// services directory (`vvm-host check FILE`).
+    ///
+    /// # Errors
+    /// As [`WasmServices::load_until`].
+    pub fn load_files(
+        config: RuntimeConfig,
+        ops: Ops,
+        stop: &CancellationToken,
+        files: Vec<PathBuf>,
+    ) -> Result<(Self, Vec<LoadError>), RuntimeError> {
         let engine = engine::build(&config)?;
         let linker = imports::linker(&engine)?;
-        let files = component::discover(&config.services_dir)?;
         std::fs::create_dir_all(&config.cache_dir).map_err(|source| RuntimeError::CacheDir {
             path: config.cache_dir.clone(),
             source,
