@@ -266,13 +266,10 @@ pub(super) async fn check(path: Option<PathBuf>, args: &StoreArgs) -> anyhow::Re
     if let Some(path) = path {
         let dir = if path.is_file() {
             // Its own directory is its services directory: its cache, its neighbours' grants.
-            let dir = path.parent().map(Path::to_owned).unwrap_or_default();
+            let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+            let dir = dir.unwrap_or(Path::new(".")).to_owned();
             file = Some(path);
-            if dir.as_os_str().is_empty() {
-                PathBuf::from(".")
-            } else {
-                dir
-            }
+            dir
         } else {
             path
         };
