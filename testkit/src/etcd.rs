@@ -64,7 +64,7 @@ impl EtcdServer {
 
     /// Starts the given etcd binary; panics if it does not become healthy within 20 s.
     fn start_binary(binary: &Path, tls: Option<&ServerTls<'_>>) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir for etcd");
+        let dir = crate::scratch::scratch_dir();
         let [client_port, health_port, peer_port] = free_ports();
         let scheme = if tls.is_some() { "https" } else { "http" };
         let mut client = format!("{scheme}://127.0.0.1:{client_port}");
@@ -213,7 +213,7 @@ impl EtcdCluster {
             let _ = writeln!(std::io::stderr(), "SKIPPED: etcd is not on PATH");
             return None;
         };
-        let dir = tempfile::tempdir().expect("temp dir for etcd");
+        let dir = crate::scratch::scratch_dir();
         let ports: [u16; 6] = free_ports();
         let (client_ports, peer_ports) = (ports[..3].to_vec(), ports[3..].to_vec());
         let initial = (0..3)

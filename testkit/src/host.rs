@@ -228,7 +228,7 @@ impl Host {
 
 /// A directory with `services/rust-ticker.wasm`, shared by the hosts of a test.
 pub fn cluster_dir() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = crate::scratch::scratch_dir();
     let services = dir.path().join("services");
     std::fs::create_dir(&services).expect("services dir");
     std::fs::copy(

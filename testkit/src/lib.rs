@@ -7,6 +7,7 @@
 //! - [`guests`]: the guest components of `guest-examples/`, built once per test binary;
 //! - [`logs`]: the tracing events of the test process, captured;
 //! - [`spread`]: spread placement as the hosts' logs show it;
+//! - [`scratch`]: the directories the tests keep their files in, off the disk;
 //! - [`fifo`]: a FIFO where a file is expected.
 //!
 //! # Why this crate never depends on vvm-host
@@ -27,6 +28,7 @@ pub mod guests;
 pub mod host;
 pub mod http;
 pub mod logs;
+pub mod scratch;
 pub mod spread;
 
 /// Makes a FIFO at `path`: what a test puts where the host expects a file, since opening one

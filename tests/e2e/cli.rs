@@ -71,7 +71,7 @@ fn status_shows_the_holder_and_term_while_a_host_serves_the_same_file() {
 
 #[test]
 fn check_names_every_bad_file_and_exits_non_zero() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = testkit::scratch::scratch_dir();
     let services = dir.path().join("services");
     std::fs::create_dir(&services).unwrap();
     std::fs::copy(guests::guest("rust-ticker"), services.join("ticker.wasm")).unwrap();
@@ -120,7 +120,7 @@ fn check_names_every_bad_file_and_exits_non_zero() {
 /// lacks, which grant (and nothing once it has it).
 #[test]
 fn check_says_what_to_change_for_a_foreign_import_and_a_missing_grant() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = testkit::scratch::scratch_dir();
     let services = dir.path().join("services");
     std::fs::create_dir(&services).unwrap();
     std::fs::copy(
@@ -166,7 +166,7 @@ fn check_says_what_to_change_for_a_foreign_import_and_a_missing_grant() {
 /// after it must not say it again.
 #[test]
 fn bad_input_is_one_line_that_gives_each_reason_once() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = testkit::scratch::scratch_dir();
     std::fs::write(dir.path().join("garbage.redb"), "not a database\n").unwrap();
     // Sparse: far past any configuration file, taking no disk.
     std::fs::File::create(dir.path().join("huge.toml"))
@@ -346,7 +346,7 @@ fn a_second_signal_during_shutdown_exits_at_once() {
 /// guests on a cold cache) stops the host after the file being compiled, not after them all.
 #[test]
 fn a_signal_while_the_services_compile_stops_after_the_one_being_compiled() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = testkit::scratch::scratch_dir();
     let services = dir.path().join("services");
     std::fs::create_dir(&services).unwrap();
     // Each a new version, so each one compiles.

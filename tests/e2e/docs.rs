@@ -217,7 +217,7 @@ fn commands(page: &Page) -> Vec<(String, Vec<String>)> {
 /// A directory of example guests and the store a short `serve` of them wrote: where the
 /// pages' read-only commands run.
 fn fixture() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = testkit::scratch::scratch_dir();
     let services = dir.path().join("services");
     std::fs::create_dir(&services).unwrap();
     guests::install(
@@ -329,7 +329,7 @@ fn check_command(fixture: &Path, at: &str, args: &[String]) {
             tool(fixture, &strs(args))
         }
         "serve" => settings_check(&serve_flags_as_toml(at, rest), &BTreeMap::new()),
-        "new" => tool(tempfile::tempdir().unwrap().path(), &strs(args)),
+        "new" => tool(testkit::scratch::scratch_dir().path(), &strs(args)),
         other => panic!("{at}: no check for the subcommand {other:?}: add one here"),
     };
     assert!(
@@ -364,7 +364,7 @@ fn every_command_in_the_pages_parses_and_runs() {
 /// `vvm-host check --config FILE EMPTY_DIR` on `toml`, with the environment variables `env`:
 /// the settings loader and the grants, as at the start of `serve`, and no component.
 fn settings_check(toml: &str, env: &BTreeMap<String, String>) -> Output {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = testkit::scratch::scratch_dir();
     let file = dir.path().join("vvm.toml");
     std::fs::write(&file, toml).unwrap();
     let empty = dir.path().join("empty");
@@ -435,7 +435,7 @@ fn every_settings_snippet_passes_the_settings_check_or_fails_as_shown() {
                 continue;
             }
             let at = page.at(block);
-            let paths = tempfile::tempdir().unwrap();
+            let paths = testkit::scratch::scratch_dir();
             let (toml, env) = with_paths_made(&at, &block.body, paths.path());
             let out = settings_check(&toml, &env);
             let expected_error = blocks

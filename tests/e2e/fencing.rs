@@ -17,7 +17,7 @@ use crate::BIN;
 
 /// A directory with `services/journal.wasm`, `data/` granted to it, and a `vvm.toml`.
 pub(crate) fn journal_dir() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = testkit::scratch::scratch_dir();
     let services = dir.path().join("services");
     std::fs::create_dir(&services).unwrap();
     std::fs::copy(guests::guest("test/journal"), services.join("journal.wasm")).unwrap();

@@ -25,7 +25,7 @@ pub(crate) fn free_addr() -> SocketAddr {
 /// A directory with `services/NAME.wasm` (the hello guest) for each of `names`, and
 /// `vvm.toml` as `toml`.
 pub(crate) fn hello_dir(names: &[&str], toml: &str) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = testkit::scratch::scratch_dir();
     let services = dir.path().join("services");
     std::fs::create_dir(&services).unwrap();
     for name in names {
@@ -318,7 +318,7 @@ fn a_response_in_progress_is_never_completed_once_its_lease_deadline_passed() {
 /// crash-looped before: restarted with backoff, a failing service in `status`).
 #[test]
 fn off_the_shelf_proxy_components_are_served_and_a_run_beside_the_handler_never_called() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = testkit::scratch::scratch_dir();
     let services = dir.path().join("services");
     std::fs::create_dir(&services).unwrap();
     for (guest, name) in [("test/wstd-hello", "wstd"), ("test/wasi-hello", "wasi")] {

@@ -22,7 +22,7 @@ const WATCH: Duration = Duration::from_secs(30);
 /// A cluster directory whose services are `good` (the ticker, every [`TICK_MS`]) beside
 /// `trap`, `hog` and `spin`, with a `vvm.toml` capping restarts at 1 s, and `extra` appended.
 fn bad_neighbourhood(extra: &str) -> TempDir {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = testkit::scratch::scratch_dir();
     let services = dir.path().join("services");
     std::fs::create_dir(&services).unwrap();
     for (guest, name) in [

@@ -66,7 +66,7 @@ fn stored_count(dir: &Path) -> u64 {
 
 #[test]
 fn a_guest_reads_its_config_and_no_secret_reaches_the_log_at_trace() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = testkit::scratch::scratch_dir();
     let services = dir.path().join("services");
     std::fs::create_dir(&services).unwrap();
     std::fs::copy(

@@ -34,7 +34,7 @@ const SERVE: [&str; 7] = [
 /// A directory with `services/<example>.wasm` and a config granting it a 50 ms tick and a
 /// greeting.
 fn example_dir(example: &str) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = testkit::scratch::scratch_dir();
     let services = dir.path().join("services");
     std::fs::create_dir(&services).unwrap();
     std::fs::copy(
@@ -199,7 +199,7 @@ fn each_example_tells_its_notify_url_with_the_fencing_token() {
     let _heavy = crate::one_heavy_test_at_a_time();
     let server = testkit::http::Server::start(testkit::http::Behaviour::default());
     let origin = format!("http://127.0.0.1:{}", server.port());
-    let dir = tempfile::tempdir().unwrap();
+    let dir = testkit::scratch::scratch_dir();
     let services = dir.path().join("services");
     std::fs::create_dir(&services).unwrap();
     let mut toml = String::new();
@@ -252,7 +252,7 @@ fn each_http_example_answers_with_its_hit_count_and_token() {
     const EXAMPLES: [&str; 3] = ["rust-http", "python-http", "js-http"];
     // Compiling the Python and JavaScript components takes both cores for seconds.
     let _heavy = crate::one_heavy_test_at_a_time();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = testkit::scratch::scratch_dir();
     let services = dir.path().join("services");
     std::fs::create_dir(&services).unwrap();
     guests::install(&services, &EXAMPLES.map(|e| (e, e)));

@@ -15,7 +15,7 @@ use crate::{BIN, serve, stamp};
 
 /// A directory with an empty `services/`, and its path.
 fn empty_dir() -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = testkit::scratch::scratch_dir();
     let services = dir.path().join("services");
     std::fs::create_dir(&services).unwrap();
     (dir, services)
@@ -443,7 +443,7 @@ fn a_killed_leader_whose_record_lists_its_services_is_taken_over_at_once() {
 /// directory removed and made again, are both followed within about a second.
 #[test]
 fn a_services_directory_swapped_or_made_again_is_followed() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = testkit::scratch::scratch_dir();
     let release = |name: &str, services: &[&str]| {
         let path = dir.path().join("releases").join(name);
         std::fs::create_dir_all(&path).unwrap();

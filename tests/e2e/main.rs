@@ -300,9 +300,9 @@ fn a_stopped_leader_has_no_effect_after_its_deadline_and_rejoins_as_standby() {
 
 #[test]
 fn bad_configuration_is_one_clear_line_and_a_non_zero_exit() {
-    let bad_file = tempfile::tempdir().unwrap();
+    let bad_file = testkit::scratch::scratch_dir();
     std::fs::write(bad_file.path().join("vvm.toml"), "leese = \"2s\"\n").unwrap();
-    let clean = tempfile::tempdir().unwrap();
+    let clean = testkit::scratch::scratch_dir();
     std::fs::write(clean.path().join("not-a-dir"), "").unwrap();
     let cases: &[(&Path, &[&str], &str)] = &[
         (bad_file.path(), &["serve"], "unknown field `leese`"),
@@ -409,7 +409,7 @@ fn a_service_failing_on_one_host_hands_the_slot_to_a_healthy_standby_for_good() 
 #[test]
 fn a_guest_writing_kv_at_full_speed_does_not_starve_the_renewals() {
     let _heavy = crate::one_heavy_test_at_a_time();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = testkit::scratch::scratch_dir();
     let services = dir.path().join("services");
     std::fs::create_dir(&services).unwrap();
     std::fs::copy(guests::guest("test/kv-flood"), services.join("flood.wasm")).unwrap();
@@ -453,7 +453,7 @@ fn a_guest_writing_kv_at_full_speed_does_not_starve_the_renewals() {
 #[test]
 fn a_guest_that_leaks_descriptors_cannot_take_the_hosts() {
     const LIMIT: usize = 1024;
-    let dir = tempfile::tempdir().unwrap();
+    let dir = testkit::scratch::scratch_dir();
     let services = dir.path().join("services");
     std::fs::create_dir(&services).unwrap();
     guests::install(&services, &[("test/leak", "leak")]);

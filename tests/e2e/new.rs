@@ -112,7 +112,7 @@ fn config(upstream: &Server) -> String {
 #[test]
 fn a_new_project_of_each_language_and_kind_builds_checks_and_runs() {
     let _heavy = crate::one_heavy_test_at_a_time();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = testkit::scratch::scratch_dir();
     make_and_build(dir.path());
 
     let start = Instant::now();

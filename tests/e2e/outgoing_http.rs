@@ -15,7 +15,7 @@ use crate::BIN;
 /// A directory with `services/client.wasm` and a `vvm.toml` granting it `grants` (the body
 /// of its `[service.client]` table, after its `env` line made from `env`).
 fn client_dir(env: &[String], grants: &str) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = testkit::scratch::scratch_dir();
     let services = dir.path().join("services");
     std::fs::create_dir(&services).unwrap();
     std::fs::copy(
@@ -170,7 +170,7 @@ fn each_outgoing_timeout_fires() {
 /// HTTPS to a server whose certificate comes from the service's own CA (`http-ca`).
 #[test]
 fn https_to_an_internal_server_trusts_the_services_ca() {
-    let certs = tempfile::tempdir().unwrap();
+    let certs = testkit::scratch::scratch_dir();
     let (server, ca) = Server::start_tls(Behaviour::default(), certs.path());
     let origin = format!("https://localhost:{}", server.port());
     let dir = client_dir(

@@ -35,7 +35,7 @@ fn names() -> Vec<String> {
 /// A directory with `services/j0..j6.wasm` (journal guests), each granted `data/<name>` as
 /// `/data`, and a `vvm.toml` that turns spread placement on.
 fn spread_dir() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = testkit::scratch::scratch_dir();
     let services = dir.path().join("services");
     std::fs::create_dir(&services).unwrap();
     let mut config = String::from("placement = \"spread\"\n");

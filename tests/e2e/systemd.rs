@@ -50,7 +50,7 @@ fn systemd_analyze_verify_accepts_the_unit() {
         eprintln!("systemd-analyze is not installed: not verified");
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
+    let dir = testkit::scratch::scratch_dir();
     let path = dir.path().join("vvm-host.service");
     std::fs::write(&path, UNIT.replace("/usr/local/bin/vvm-host", BIN)).unwrap();
     let out = Command::new("systemd-analyze")

@@ -77,7 +77,7 @@ fn status_prints_only_its_result_and_the_same_as_json() {
 
 #[test]
 fn check_prints_each_error_once_on_stdout_and_nothing_on_stderr() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = testkit::scratch::scratch_dir();
     let services = dir.path().join("services");
     std::fs::create_dir(&services).unwrap();
     std::fs::copy(guests::guest("rust-ticker"), services.join("ticker.wasm")).unwrap();
@@ -102,7 +102,7 @@ fn check_prints_each_error_once_on_stdout_and_nothing_on_stderr() {
 /// `NO_COLOR` is set.
 #[test]
 fn log_colour_only_on_a_terminal_and_never_with_no_color() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = testkit::scratch::scratch_dir();
     std::fs::create_dir(dir.path().join("services")).unwrap();
     let on_a_terminal = |no_color: Option<&str>| {
         let mut command = Command::new("script");
