@@ -516,7 +516,10 @@ async fn no_effect_after_the_lease_deadline() {
     let effects = async || count().await + logs::count("fenced-counter", "count ") as u64;
     let at_deadline = effects().await;
     until("the service is interrupted", async || {
-        logs::count("fenced-counter", "service interrupted") >= 1
+        logs::count(
+            "fenced-counter",
+            "service interrupted: lease deadline passed",
+        ) >= 1
     })
     .await;
     let ended = effects().await;
