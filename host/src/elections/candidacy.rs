@@ -65,7 +65,12 @@ impl Elections {
             // below and leave the candidacy standing for a campaign that is over. It is
             // bounded by its timeout.
             match tokio::time::timeout(attempt_patience(lease), write).await {
-                Ok(Ok(true)) => written = true,
+                Ok(Ok(true)) => {
+                    if !written {
+                        tracing::debug!(key, "standing as a candidate");
+                    }
+                    written = true;
+                }
                 Ok(Ok(false)) => written = false,
                 Ok(Err(e)) => {
                     tracing::debug!(key, error = %e, "standing as a candidate failed");
