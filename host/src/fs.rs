@@ -44,6 +44,24 @@ impl FileError {
     }
 }
 
+/// The regular file `path`, opened for reading without blocking: a FIFO, a device or a
+/// socket in its place is refused ([`FileError::NotAFile`]) rather than waited on.
+///
+/// # Errors
+/// As [`FileError`] says.
+pub fn open_regular(path: &Path) -> Result<std::fs::File, FileError> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits().cast_signed())
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(FileError::NotAFile);
+    }
+    Ok(file)
+}
+
 /// The bytes of the regular file `path`, of at most `max` bytes. Opened without blocking, so
 /// a FIFO in its place is refused rather than waited on; a larger file is refused by its
 /// size, unread.
@@ -52,16 +70,9 @@ impl FileError {
 /// As [`FileError`] says.
 pub fn read_file(path: &Path, max: u64) -> Result<Vec<u8>, FileError> {
     use std::io::Read as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
 
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits().cast_signed())
-        .open(path)?;
+    let file = open_regular(path)?;
     let meta = file.metadata()?;
-    if !meta.is_file() {
-        return Err(FileError::NotAFile);
-    }
     if meta.len() > max {
         return Err(FileError::TooLarge {
             size: meta.len(),

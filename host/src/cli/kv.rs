@@ -12,7 +12,7 @@ use super::status::emit;
 use crate::config::check_bucket_name;
 use crate::keys::bucket_space;
 use crate::log_output::escaped;
-use crate::store::{self, FencedKv, KvUsage};
+use crate::store::{self, FencedKv, KvUsage, KvView};
 
 /// `vvm-host kv` subcommands.
 #[derive(Debug, Subcommand)]
@@ -72,9 +72,6 @@ impl Namespace {
     }
 }
 
-/// The keys one `kv list` reads from the store at a time.
-const PAGE: usize = 1000;
-
 /// Runs `vvm-host kv ...`.
 pub(super) async fn kv(command: KvCommand) -> anyhow::Result<ExitCode> {
     let (KvCommand::List {
@@ -106,17 +103,8 @@ async fn list(
     prefix: &str,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let mut keys = Vec::new();
-    let mut after: Option<String> = None;
-    loop {
-        let page = store.kv_list(space, prefix, after.as_deref(), PAGE).await?;
-        after = page.keys.last().cloned();
-        keys.extend(page.keys);
-        if !page.more {
-            break;
-        }
-    }
-    let usage = store.kv_usage(space).await?;
+    // The keys and the figures from one committed state of the store.
+    let KvView { keys, usage } = store.kv_view(space, prefix).await?;
     let mut out = Vec::new();
     if json {
         let KvUsage { keys: n, bytes } = usage;

@@ -27,18 +27,12 @@ pub(super) async fn status(args: &StoreArgs, json: bool) -> anyhow::Result<ExitC
     let settings = args.settings()?;
     let opened = store::open(&settings.store_settings(), true).await?;
     let store = opened.shared();
-    let mut slots = Vec::new();
-    for slot in 1..=settings.cluster_size {
-        slots.push((slot, store.get(&slot_key(slot)).await?));
-    }
-    let seen = Seen {
-        slots,
-        members: store.list(MEMBER_PREFIX).await?,
-        claims: store.list(SERVICE_PREFIX).await?,
-        hand_overs: store.list(HAND_OVER_PREFIX).await?,
-    };
+    // Every record in one read: one committed state of the store, so that what is shown
+    // never mixes two (a slot before a handover, a claim after it).
+    let records = store.list("").await;
     drop(store);
     opened.close().await;
+    let seen = Seen::of(&records?, settings.cluster_size);
     let mut out = Vec::new();
     if json {
         writeln!(out, "{}", seen.json())?;
@@ -65,6 +59,34 @@ struct Seen {
 }
 
 impl Seen {
+    /// The slots `1..=cluster_size`, members, claims and handovers among `records` (every
+    /// live record of the store, sorted by key).
+    fn of(records: &[(String, Record)], cluster_size: u32) -> Self {
+        let under = |prefix: &str| -> Vec<(String, Record)> {
+            records
+                .iter()
+                .filter(|(key, _)| key.starts_with(prefix))
+                .cloned()
+                .collect()
+        };
+        let slots = (1..=cluster_size)
+            .map(|slot| {
+                let key = slot_key(slot);
+                let record = records
+                    .iter()
+                    .find(|(k, _)| *k == key)
+                    .map(|(_, r)| r.clone());
+                (slot, record)
+            })
+            .collect();
+        Self {
+            slots,
+            members: under(MEMBER_PREFIX),
+            claims: under(SERVICE_PREFIX),
+            hand_overs: under(HAND_OVER_PREFIX),
+        }
+    }
+
     /// The JSON object [`status`] documents.
     fn json(&self) -> serde_json::Value {
         let slots: Vec<_> = self

@@ -74,7 +74,7 @@ macro_rules! suite {
             kv_a_batch_keeps_the_last_write_of_a_key_and_lands_whole_or_not_at_all,
             kv_delete_removes_keys_and_an_absent_key_is_no_error,
             kv_get_many_answers_in_the_order_asked_with_absent_keys,
-            kv_list_pages_through_a_prefix,
+            kv_list_pages_through_a_prefix, kv_view_lists_a_prefix_with_the_namespaces_usage,
             kv_increment_counts_from_absent_and_refuses_text_and_overflow,
             kv_swap_compares_exact_bytes_and_absence_and_a_loss_writes_nothing,
             kv_a_key_quota_refuses_growth_writes_nothing_and_a_delete_frees_a_key,

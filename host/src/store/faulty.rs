@@ -12,7 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::{Instant, sleep};
 
-use super::kv::{KvDone, KvOp, KvPage, KvQuota, KvRefusal, KvUsage};
+use super::kv::{KvDone, KvOp, KvPage, KvQuota, KvRefusal, KvUsage, KvView};
 use super::{Candidates, Fence, FencedKv, HandOver, MemStore, Record, StoreError, Term, TtlStore};
 use crate::keys::CANDIDATE_PREFIX;
 
@@ -416,6 +416,10 @@ impl FencedKv for FaultyStore {
 
     async fn kv_usage(&self, space: &str) -> Result<KvUsage, StoreError> {
         self.inner.kv_usage(space).await
+    }
+
+    async fn kv_view(&self, space: &str, prefix: &str) -> Result<KvView, StoreError> {
+        self.inner.kv_view(space, prefix).await
     }
 
     async fn kv_apply(

@@ -191,6 +191,15 @@ pub struct KvPage {
     pub more: bool,
 }
 
+/// A namespace's keys and usage from one committed state ([`super::FencedKv::kv_view`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KvView {
+    /// The keys asked for, in byte order.
+    pub keys: Vec<String>,
+    /// What the whole namespace holds.
+    pub usage: KvUsage,
+}
+
 /// What a fenced write does: each touched key's new value (`None`: deleted), the usage after
 /// it, and the answer. Made by [`plan`] once the fence has passed.
 #[derive(Debug, PartialEq, Eq)]

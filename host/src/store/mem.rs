@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::Notify;
 
-use super::kv::{self, KvDone, KvOp, KvPage, KvQuota, KvRefusal, KvUsage};
+use super::kv::{self, KvDone, KvOp, KvPage, KvQuota, KvRefusal, KvUsage, KvView};
 use super::{Candidates, Fence, FencedKv, HandOver, Record, StoreError, Term, TtlStore};
 use crate::clock::{Clock, Timestamp};
 
@@ -279,6 +279,17 @@ impl FencedKv for MemStore {
         Ok(KvUsage::of(
             entries.map(|(k, v)| (k.as_str(), v.as_slice())),
         ))
+    }
+
+    async fn kv_view(&self, space: &str, prefix: &str) -> Result<KvView, StoreError> {
+        let state = self.lock();
+        let entries = state.kv.get(space).into_iter().flatten();
+        let usage = KvUsage::of(entries.map(|(k, v)| (k.as_str(), v.as_slice())));
+        let keys = state.kv.get(space).into_iter().flat_map(|s| s.keys());
+        Ok(KvView {
+            keys: keys.filter(|k| k.starts_with(prefix)).cloned().collect(),
+            usage,
+        })
     }
 
     async fn kv_apply(

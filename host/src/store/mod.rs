@@ -19,7 +19,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 pub use etcd::{EtcdOptions, EtcdStore, EtcdTls, EtcdUrlError};
-pub use kv::{KvDone, KvOp, KvPage, KvQuota, KvRefusal, KvUsage, KvWrite, MAX_BATCH};
+pub use kv::{KvDone, KvOp, KvPage, KvQuota, KvRefusal, KvUsage, KvView, KvWrite, MAX_BATCH};
 pub use mem::MemStore;
 pub use redb_store::RedbStore;
 
@@ -401,6 +401,11 @@ pub trait FencedKv: Send + Sync {
 
     /// What `space` holds: its keys and their bytes, as the quota counts them.
     async fn kv_usage(&self, space: &str) -> Result<KvUsage, StoreError>;
+
+    /// Every key of `space` that starts with `prefix`, in byte order, with what the namespace
+    /// holds, read from one committed state of the store (`vvm-host kv list`): the keys
+    /// listed and the figures never come from two states.
+    async fn kv_view(&self, space: &str, prefix: &str) -> Result<KvView, StoreError>;
 
     /// Applies `op` to `space` as [`kv::plan`] decides, in one transaction with a check that
     /// the live record under `fence.lease_key` still carries `fence.term` and with the

@@ -16,6 +16,7 @@ mod file_watch;
 mod kv;
 #[cfg(test)]
 mod process_tests;
+mod reader;
 mod schema;
 mod scrub;
 #[cfg(test)]
@@ -28,16 +29,15 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redb::{
-    Database, Durability, ReadOnlyDatabase, ReadableDatabase, ReadableTable, WriteTransaction,
-};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, WriteTransaction};
 use tokio::sync::Notify;
 
 use self::fault::Fault;
 use self::file_watch::FileWatch;
+use self::reader::Reader;
 use self::schema::{
     BUSY_TIMEOUT, LEASES, Lease, META, RELEASES_KEY, SCHEMA_VERSION, TERMS, begin_write,
-    expired_under, lease_row, live_lease, live_leases_under, open_database, open_read_only,
+    expired_under, lease_row, live_lease, live_leases_under, open_database,
 };
 use self::scrub::{Scrubber, Verdict};
 use super::{Candidates, HandOver, Record, StoreError, Term, TtlStore};
@@ -106,24 +106,25 @@ struct Inner {
     _scrubber: Option<Scrubber>,
 }
 
-/// The database handle: read-write, or read-only for the tools that only look.
+/// The database handle: read-write, or a [`Reader`] for the tools that only look, which
+/// never makes a writer wait.
 #[derive(Clone)]
 enum Handle {
     Write(Arc<Database>),
-    Read(Arc<ReadOnlyDatabase>),
+    Read(Arc<Reader>),
 }
 
 impl Handle {
     fn begin_read(&self) -> Result<redb::ReadTransaction, Fault> {
-        Ok(match self {
-            Self::Write(db) => db.begin_read()?,
-            Self::Read(db) => db.begin_read()?,
-        })
+        match self {
+            Self::Write(db) => Ok(db.begin_read()?),
+            Self::Read(reader) => reader.begin_read(),
+        }
     }
 
     fn open(path: &Path, read_only: bool, patience: Duration) -> Result<Self, Fault> {
         Ok(if read_only {
-            Self::Read(Arc::new(open_read_only(path, patience)?))
+            Self::Read(Arc::new(Reader::open(path)?))
         } else {
             Self::Write(Arc::new(open_database(path, patience)?))
         })
@@ -215,7 +216,7 @@ impl RedbStore {
             .then(|| scrub::identity(&path))
             .and_then(|identity| {
                 let started = identity.and_then(|identity| {
-                    Scrubber::start(path.clone(), identity, busy_timeout, verdict.clone())
+                    Scrubber::start(path.clone(), identity, verdict.clone())
                 });
                 started
                     .inspect_err(|e| {

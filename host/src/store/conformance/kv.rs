@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::Backend;
 use crate::clock::ManualClock;
 use crate::store::{
-    Fence, FencedKv, KvDone, KvOp, KvPage, KvQuota, KvRefusal, KvUsage, KvWrite, MAX_BATCH,
+    Fence, FencedKv, KvDone, KvOp, KvPage, KvQuota, KvRefusal, KvUsage, KvView, KvWrite, MAX_BATCH,
     StoreError, Term, TtlStore,
 };
 
@@ -208,6 +208,37 @@ pub(crate) async fn kv_list_pages_through_a_prefix<B: Backend>(b: &mut B) {
     let mut sorted = keys.map(str::to_owned).to_vec();
     sorted.sort();
     assert_eq!(all, sorted);
+}
+
+/// `kv_view` lists every key under a prefix with the whole namespace's usage, from one
+/// state: more keys than one page of the etcd backend's reads, of two namespaces.
+pub(crate) async fn kv_view_lists_a_prefix_with_the_namespaces_usage<B: Backend>(b: &mut B) {
+    let clock = ManualClock::default();
+    let (s, t) = leased(b, &clock).await;
+    let names: Vec<String> = (0..250).map(|i| format!("k/{i:03}")).collect();
+    for chunk in names.chunks(MAX_BATCH) {
+        let writes: Vec<KvWrite<'_>> = chunk.iter().map(|k| set(k, b"vv")).collect();
+        batch(&s, t, &writes).await;
+    }
+    batch(&s, t, &[set("other", b"x")]).await;
+    s.kv_apply(
+        &fence(t),
+        "svc2",
+        &KvOp::Batch(&[set("k/x", b"v")]),
+        &KvQuota::UNLIMITED,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let view = s.kv_view(SPACE, "k/").await.unwrap();
+    assert_eq!(view.keys, names);
+    assert_eq!(view.usage, usage(&s).await);
+    assert_eq!(view.usage.keys, 251);
+    let all = s.kv_view(SPACE, "").await.unwrap();
+    assert_eq!(all.keys.len(), 251);
+    assert_eq!(all.keys.last().map(String::as_str), Some("other"));
+    let none = s.kv_view("empty", "").await.unwrap();
+    assert_eq!(none, KvView::default());
 }
 
 pub(crate) async fn kv_increment_counts_from_absent_and_refuses_text_and_overflow<B: Backend>(

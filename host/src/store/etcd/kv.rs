@@ -40,7 +40,9 @@ use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
 
 use super::{EtcdStore, ForeignRecord, term_of};
-use crate::store::kv::{self, KvDone, KvOp, KvPage, KvQuota, KvRefusal, KvUsage, MAX_BATCH};
+use crate::store::kv::{
+    self, KvDone, KvOp, KvPage, KvQuota, KvRefusal, KvUsage, KvView, MAX_BATCH,
+};
 use crate::store::{Fence, FencedKv, StoreError};
 
 /// The most compares, or ops, that etcd takes at one level of a transaction by default
@@ -219,12 +221,13 @@ impl EtcdStore {
         })
     }
 
-    /// `space`'s usage from a scan of its keys: pages read at the first page's revision.
-    async fn scan_usage(&self, space: &str) -> Result<KvUsage, StoreError> {
+    /// `space`'s usage from a scan of its keys: pages read at `revision` (0: at the first
+    /// page's).
+    async fn scan_usage(&self, space: &str, revision: i64) -> Result<KvUsage, StoreError> {
         let base = self.kv_base(space);
         let end = range_end(base.as_bytes());
         let mut usage = KvUsage::default();
-        let (mut from, mut revision) = (base.clone().into_bytes(), 0);
+        let (mut from, mut revision) = (base.clone().into_bytes(), revision);
         loop {
             let mut options = GetOptions::new()
                 .with_range(end.clone())
@@ -405,8 +408,85 @@ impl FencedKv for EtcdStore {
             .map(|kv| parse_usage(kv.value()).map(|(usage, _)| usage))
         {
             Some(Some(usage)) => Ok(usage),
-            _ => self.scan_usage(space).await,
+            _ => self.scan_usage(space, 0).await,
         }
+    }
+
+    /// The usage key and the first page of keys in one transaction, so at one revision; the
+    /// pages after it (and a scan for a namespace without usage) at that same revision.
+    async fn kv_view(&self, space: &str, prefix: &str) -> Result<KvView, StoreError> {
+        const OP: &str = "kv_view";
+        let base = self.kv_base(space);
+        let under = format!("{base}{prefix}");
+        let end = range_end(under.as_bytes());
+        let first = Txn::new().and_then([
+            TxnOp::get(self.usage_key(space), None),
+            TxnOp::get(
+                under.clone(),
+                Some(
+                    GetOptions::new()
+                        .with_range(end.clone())
+                        .with_keys_only()
+                        .with_limit(SCAN_PAGE),
+                ),
+            ),
+        ]);
+        let response = self.txn(OP, space, first).await?;
+        let revision = response
+            .header()
+            .map_or(0, etcd_client::ResponseHeader::revision);
+        let mut answers = response.op_responses().into_iter();
+        let (Some(TxnOpResponse::Get(mut usage)), Some(TxnOpResponse::Get(mut keys))) =
+            (answers.next(), answers.next())
+        else {
+            return Err(StoreError::permanent(
+                self.kv_context(OP, space),
+                KvFault::ShortAnswer,
+            ));
+        };
+        let mut view = KvView::default();
+        loop {
+            let more = keys.more();
+            let kvs = keys.take_kvs();
+            for kv in &kvs {
+                let key = kv
+                    .key_str()
+                    .ok()
+                    .and_then(|k| k.strip_prefix(base.as_str()))
+                    .ok_or_else(|| {
+                        StoreError::permanent(
+                            self.kv_context(OP, space),
+                            ForeignRecord("a key that is not UTF-8"),
+                        )
+                    })?;
+                view.keys.push(key.to_owned());
+            }
+            let Some(last) = kvs.last().filter(|_| more) else {
+                break;
+            };
+            let mut from = last.key().to_vec();
+            from.push(0);
+            let options = GetOptions::new()
+                .with_range(end.clone())
+                .with_keys_only()
+                .with_limit(SCAN_PAGE)
+                .with_revision(revision);
+            keys = self
+                .call(OP, space, || {
+                    let (mut kv, from, options) = (self.kv(), from.clone(), options.clone());
+                    async move { kv.get(from, Some(options)).await }
+                })
+                .await?;
+        }
+        let usage = usage
+            .take_kvs()
+            .first()
+            .and_then(|kv| parse_usage(kv.value()).map(|(usage, _)| usage));
+        view.usage = match usage {
+            Some(usage) => usage,
+            None => self.scan_usage(space, revision).await?,
+        };
+        Ok(view)
     }
 
     async fn kv_apply(
@@ -442,7 +522,7 @@ impl FencedKv for EtcdStore {
             };
             let usage = match read.usage {
                 Some(usage) => usage,
-                None => self.scan_usage(space).await?,
+                None => self.scan_usage(space, 0).await?,
             };
             let old: HashMap<&str, Option<&[u8]>> = read
                 .keys

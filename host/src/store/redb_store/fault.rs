@@ -16,6 +16,10 @@ pub(super) enum Fault {
     /// Another process kept the file's write lock for longer than we wait.
     #[error("another process has held the write lock for more than {0:?}")]
     Busy(Duration),
+    /// A reader began its transaction this many times, and each time a commit landed under
+    /// it (`reader.rs`).
+    #[error("commits landed under each of {0} tries to begin a read")]
+    Overtaken(u32),
     /// The file was written by a vvm-host with another store layout.
     #[error(
         "incompatible schema version {found}: this vvm-host reads version {supported}; \
@@ -83,7 +87,7 @@ impl Fault {
 
     pub(super) fn is_transient(&self) -> bool {
         match self {
-            Self::Busy(_) => true,
+            Self::Busy(_) | Self::Overtaken(_) => true,
             Self::SchemaVersion { .. }
             | Self::Layout(_)
             | Self::Foreign(_)

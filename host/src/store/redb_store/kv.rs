@@ -14,7 +14,7 @@ use redb::{ReadableTable, Table};
 use super::fault::Fault;
 use super::schema::{KV, KV_USAGE, LEASES, live_lease};
 use super::{Lane, Outcome, RedbStore};
-use crate::store::kv::{self, KvDone, KvOp, KvPage, KvQuota, KvRefusal, KvUsage};
+use crate::store::kv::{self, KvDone, KvOp, KvPage, KvQuota, KvRefusal, KvUsage, KvView};
 use crate::store::{Fence, FencedKv, StoreError};
 
 /// The keys of `space` from `low` on, in order, each with its value's length.
@@ -62,6 +62,19 @@ fn usage_of(
         return Ok(KvUsage { keys, bytes });
     }
     scanned_usage(kv, space)
+}
+
+/// The usage table, read-only.
+type UsageTable = redb::ReadOnlyTable<&'static str, (u64, u64)>;
+
+/// The usage table as `txn` sees it: `None` in a file that no host of this version has
+/// written yet.
+fn usage_table(txn: &redb::ReadTransaction) -> Result<Option<UsageTable>, Fault> {
+    match txn.open_table(KV_USAGE) {
+        Ok(table) => Ok(Some(table)),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(e) => Err(Fault::table(e)),
+    }
 }
 
 /// Applies `op` in `txn` (the fence has passed), or refuses it.
@@ -168,13 +181,26 @@ impl FencedKv for RedbStore {
         let space = space.to_owned();
         self.read("kv_usage", move |txn, _| {
             let kv = txn.open_table(KV)?;
-            // A file that no host of this version has written has no usage table yet.
-            let usages = match txn.open_table(KV_USAGE) {
-                Ok(table) => Some(table),
-                Err(redb::TableError::TableDoesNotExist(_)) => None,
-                Err(e) => return Err(Fault::table(e)),
-            };
-            usage_of(usages.as_ref(), &kv, &space)
+            usage_of(usage_table(txn)?.as_ref(), &kv, &space)
+        })
+        .await
+    }
+
+    /// One read transaction.
+    async fn kv_view(&self, space: &str, prefix: &str) -> Result<KvView, StoreError> {
+        let (space, prefix) = (space.to_owned(), prefix.to_owned());
+        self.read("kv_view", move |txn, _| {
+            let kv = txn.open_table(KV)?;
+            let mut keys = Vec::new();
+            for entry in keys_from(&kv, &space, Bound::Included(prefix.as_str()))? {
+                let (key, _) = entry?;
+                if !key.starts_with(prefix.as_str()) {
+                    break;
+                }
+                keys.push(key);
+            }
+            let usage = usage_of(usage_table(txn)?.as_ref(), &kv, &space)?;
+            Ok(KvView { keys, usage })
         })
         .await
     }

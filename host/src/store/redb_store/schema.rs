@@ -5,8 +5,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use redb::{
-    Builder, ConcurrencyMode, Database, Durability, ReadOnlyDatabase, ReadableDatabase,
-    ReadableTable, TableDefinition, TableHandle, WriteTransaction,
+    Builder, ConcurrencyMode, Database, Durability, ReadTransaction, ReadableTable,
+    TableDefinition, TableHandle, WriteTransaction,
 };
 
 use super::bounded_locks::BoundedLocks;
@@ -41,7 +41,7 @@ pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(2);
 /// otherwise win it every time; a try is one `fcntl`.
 const MAX_BUSY_PAUSE: Duration = Duration::from_micros(100);
 /// Pages redb may cache. The store holds a few records per slot plus guest data.
-const CACHE_BYTES: usize = 16 << 20;
+pub(super) const CACHE_BYTES: usize = 16 << 20;
 
 /// A lease record as stored.
 pub(super) struct Lease {
@@ -119,23 +119,16 @@ pub(super) fn open_database(path: &Path, patience: Duration) -> Result<Database,
     Ok(db)
 }
 
-/// Opens the file for reading only: no write lock, no schema write, only the shared locks
-/// that a read transaction takes, each wait bounded. A file without vvm-host's tables (or
-/// with another schema version) is an error naming the cause.
-pub(super) fn open_read_only(path: &Path, patience: Duration) -> Result<ReadOnlyDatabase, Fault> {
-    let file = std::fs::File::open(path).map_err(redb::DatabaseError::from)?;
-    let db = Builder::new()
-        .set_concurrency_mode(ConcurrencyMode::MultiWriter)
-        .set_cache_size(CACHE_BYTES)
-        .open_read_only_with_backend(BoundedLocks::new(file, patience))?;
-    let txn = db.begin_read()?;
+/// Checks, in a read transaction of the file, that it is a vvm-host store of this schema
+/// version: an error naming the cause if it holds no vvm-host tables or another version.
+pub(super) fn check_schema(txn: &ReadTransaction) -> Result<(), Fault> {
     let version = txn
         .open_table(META)
         .map_err(Fault::table)?
         .get(SCHEMA_KEY)?
         .map(|v| v.value());
     match version {
-        Some(SCHEMA_VERSION) => Ok(db),
+        Some(SCHEMA_VERSION) => Ok(()),
         Some(found) => Err(Fault::SchemaVersion {
             found,
             supported: SCHEMA_VERSION,

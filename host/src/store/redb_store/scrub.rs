@@ -27,10 +27,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use redb::ReadableDatabase as _;
-
 use super::fault::Fault;
-use super::schema::{LEASES, META, TERMS, open_read_only};
+use super::reader::Reader;
+use super::schema::{LEASES, META, TERMS};
 
 /// How often the file is read afresh.
 pub(super) const PERIOD: Duration = Duration::from_secs(1);
@@ -70,7 +69,6 @@ impl Scrubber {
     pub(super) fn start(
         path: PathBuf,
         identity: (u64, u64),
-        patience: Duration,
         verdict: Verdict,
     ) -> std::io::Result<Self> {
         let (stop, stopped) = mpsc::channel::<()>();
@@ -78,7 +76,7 @@ impl Scrubber {
             .name("vvm-redb-scrub".into())
             .spawn(move || {
                 while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(PERIOD) {
-                    if let Err(reason) = check(&path, identity, patience) {
+                    if let Err(reason) = check(&path, identity) {
                         tracing::error!(path = %path.display(), %reason,
                             "redb store file changed under this host; no longer served from");
                         verdict.set(reason);
@@ -108,18 +106,17 @@ pub(super) fn identity(path: &Path) -> std::io::Result<(u64, u64)> {
     Ok((meta.dev(), meta.ino()))
 }
 
-/// Reads `path` as a fresh reader would; `Err` names why it is not the valid file the store
-/// opened. A lock held too long by another process is not a failure: it is tried again at the
-/// next period.
-pub(super) fn check(path: &Path, opened: (u64, u64), patience: Duration) -> Result<(), String> {
+/// Reads `path` as a fresh reader would, with a [`Reader`], which makes no writer wait; `Err`
+/// names why it is not the valid file the store opened. A read that commits kept overtaking
+/// is not a failure: it is tried again at the next period.
+pub(super) fn check(path: &Path, opened: (u64, u64)) -> Result<(), String> {
     match identity(path) {
         Ok(now) if now == opened => {}
         Ok(_) => return Err("DB corrupted: the path now names another file".to_owned()),
         Err(e) => return Err(format!("DB corrupted: the file is gone: {e}")),
     }
     let read = || -> Result<(), Fault> {
-        let db = open_read_only(path, patience)?;
-        let txn = db.begin_read()?;
+        let txn = Reader::open(path)?.begin_read()?;
         walk(&txn.open_table(LEASES)?)?;
         walk(&txn.open_table(TERMS)?)?;
         walk(&txn.open_table(META)?)
