@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 use vvm_host::clock::{Clock, SystemClock};
-use vvm_host::config::KvLimitsConfig;
 use vvm_host::lease::LeaseDeadline;
 use vvm_host::ops::Ops;
 use vvm_host::problem::ProblemReporter;
@@ -106,6 +105,7 @@ async fn kv_rows(name: &str, shared: Arc<dyn Store>, raw: f64) {
         .expect("insert")
         .expect("the lease is free");
     let fence = Fence {
+        writer: "svc",
         lease_key: "kv-bench",
         term,
     };
@@ -169,10 +169,6 @@ async fn guest_calls(store: Arc<dyn Store>, term: u64) -> Vec<(&'static str, f64
     let mut config = RuntimeConfig::new(services.path());
     let grants = Grants {
         env: vec![("KV_OPS".to_owned(), KV_OPS.to_string())],
-        kv: KvLimitsConfig {
-            writes_per_second: Some(100_000),
-            ..KvLimitsConfig::default()
-        },
         ..Grants::default()
     };
     config.grants.insert("kv-bench".to_owned(), grants);

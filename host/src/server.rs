@@ -82,7 +82,11 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
     tokio::pin!(shutdown);
-    let store = store::open(&settings.store_settings(), false).await?;
+    let mut store = store::open(&settings.store_settings(), false).await?;
+    store.observe_batches({
+        let ops = ops.clone();
+        move |report| ops.kv_commit(report)
+    });
     let holder_locks = holder_locks(&settings)?;
     crate::placement::refuse_mixed(&*store.shared(), settings.placement).await?;
     let Some(wasm) = load_services(&settings, &ops, shutdown.as_mut()).await? else {

@@ -43,6 +43,8 @@ pub const MAX_KV_KEYS: u64 = 10_000_000;
 pub const MAX_KV_BYTES: u64 = 8 << 30;
 /// The highest key-value write rate a limit may allow, per service.
 pub const MAX_KV_WRITES_PER_SECOND: u32 = 100_000;
+/// The largest `write-burst`: ten seconds of the largest rate.
+pub const MAX_KV_WRITE_BURST: u32 = 1_000_000;
 /// The longest name of a key-value bucket.
 pub const MAX_BUCKET_NAME: usize = 64;
 /// The most outgoing HTTP requests one service may have in flight at once.
@@ -261,6 +263,11 @@ pub(super) fn check_kv_limits(
             "writes-per-second",
             limits.writes_per_second.map(u64::from),
             u64::from(MAX_KV_WRITES_PER_SECOND),
+        ),
+        (
+            "write-burst",
+            limits.write_burst.map(u64::from),
+            u64::from(MAX_KV_WRITE_BURST),
         ),
     ];
     for (key, value, max) in checks {

@@ -126,8 +126,10 @@ pub struct KvLimitsConfig {
     pub max_keys: Option<u64>,
     /// The most bytes (keys and values) in one namespace.
     pub max_bytes: Option<u64>,
-    /// Writes per second, on average; up to this many at once.
+    /// Writes per second, on average (a token bucket); no rate unless set.
     pub writes_per_second: Option<u32>,
+    /// How many writes may come at once under `writes-per-second` (default: a second's).
+    pub write_burst: Option<u32>,
 }
 
 impl KvLimitsConfig {
@@ -140,6 +142,7 @@ impl KvLimitsConfig {
             max_keys: self.max_keys.or(lower.max_keys),
             max_bytes: self.max_bytes.or(lower.max_bytes),
             writes_per_second: self.writes_per_second.or(lower.writes_per_second),
+            write_burst: self.write_burst.or(lower.write_burst),
         }
     }
 }

@@ -14,6 +14,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 
+use super::commits::CommitMetrics;
 use super::incoming::IncomingMetrics;
 use super::outgoing::HttpMetrics;
 
@@ -164,6 +165,8 @@ pub(super) struct Metrics {
     pub http: HttpMetrics,
     /// Requests served to HTTP services.
     pub incoming: IncomingMetrics,
+    /// The group commit of guests' key-value writes.
+    pub commits: CommitMetrics,
 }
 
 impl Metrics {
@@ -172,6 +175,7 @@ impl Metrics {
         let mut registry = Registry::default();
         let http = HttpMetrics::new(&mut registry);
         let incoming = IncomingMetrics::new(&mut registry);
+        let commits = CommitMetrics::new(&mut registry);
         let mut metrics = Self {
             registry,
             lease_held: Family::default(),
@@ -191,6 +195,7 @@ impl Metrics {
             service_state: Family::default(),
             http,
             incoming,
+            commits,
         };
         metrics.register_lease(renewals);
         metrics.register_services();

@@ -2,7 +2,8 @@
 //! the optional HTTP endpoint (`--metrics-addr`) serving `/healthz`, `/leader` and `/metrics`.
 //!
 //! - `health`: [`Health`], the step deadlines that tell a wedged host (`/healthz`).
-//! - `metrics`: the Prometheus metrics (`/metrics`).
+//! - `metrics`: the Prometheus metrics (`/metrics`); `commits`, `incoming` and `outgoing` the
+//!   series of the group commit and of HTTP in and out.
 //! - `http`: the endpoint, on a thread of its own ([`Endpoint`]).
 //!
 //! `vvm-host serve` makes one [`Ops`] and hands a clone to each layer that reports (the VVM,
@@ -11,6 +12,7 @@
 //! atomic update or a watch-channel write, so reporting never waits on a scrape, and a scrape
 //! never holds anything the renewal path needs.
 
+mod commits;
 mod health;
 mod http;
 mod incoming;
@@ -179,6 +181,11 @@ impl Ops {
     /// A key-value write of `service` ended with `outcome`.
     pub fn kv_write(&self, service: &str, outcome: KvOutcome) {
         self.inner.metrics.kv_write(service, outcome);
+    }
+
+    /// A batch of guests' key-value writes was committed (or failed), as `report` says.
+    pub fn kv_commit(&self, report: crate::store::BatchReport) {
+        self.inner.metrics.commits.commit(report);
     }
 
     /// An outgoing HTTP request of `service` ended with `outcome` after `took` (none: it was

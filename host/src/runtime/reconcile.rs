@@ -146,9 +146,10 @@ impl Reconciler {
             problems: ctx.problems.clone(),
             store: Arc::clone(&ctx.store),
             ops: self.rt.ops.clone(),
-            kv_budget: Mutex::new(WriteBudget::full(
-                Grants::kv_limits(grants, self.rt.config.kv).writes_per_second,
-            )),
+            kv_budget: Mutex::new(WriteBudget::full(&Grants::kv_limits(
+                grants,
+                self.rt.config.kv,
+            ))),
             http_in_flight: OutgoingHttp::in_flight_limit(
                 grants.map_or(&HttpPolicy::default(), |g| &g.http),
             ),

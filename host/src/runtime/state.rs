@@ -39,13 +39,14 @@ pub(crate) struct ServiceEnv {
     /// Where refused effects and key-value writes are counted.
     pub ops: Ops,
     /// The key-value writes the service may still make now (a token bucket refilled at its
-    /// rate limit), shared by its instances.
+    /// rate, if it has one), shared by its instances.
     pub kv_budget: Mutex<WriteBudget>,
     /// Its outgoing HTTP requests in flight, shared by its instances.
     pub http_in_flight: Arc<Semaphore>,
 }
 
-/// A token bucket: `rate` tokens per second, at most `rate` saved up.
+/// A token bucket, for a service with a write rate (`writes-per-second`): that many tokens
+/// per second, at most the burst (`write-burst`, a second's worth by default) saved up.
 #[derive(Debug)]
 pub(crate) struct WriteBudget {
     tokens: f64,
@@ -53,21 +54,28 @@ pub(crate) struct WriteBudget {
 }
 
 impl WriteBudget {
-    /// A full bucket for `rate` writes per second.
-    pub(crate) fn full(rate: u32) -> Self {
+    /// A full bucket for `limits`.
+    pub(crate) fn full(limits: &KvLimits) -> Self {
         Self {
-            tokens: f64::from(rate),
+            tokens: f64::from(Self::burst(limits)),
             at: tokio::time::Instant::now(),
         }
     }
 
+    /// The bucket's size under `limits`.
+    fn burst(limits: &KvLimits) -> u32 {
+        limits.write_burst.or(limits.writes_per_second).unwrap_or(0)
+    }
+
     /// Takes `n` writes at once (a batch counts each of its writes) if the budget allows
-    /// them all now; else takes none.
-    pub(super) fn take(&mut self, rate: u32, n: u32) -> bool {
+    /// them all now; else takes none. Without a rate, always.
+    pub(super) fn take(&mut self, limits: &KvLimits, n: u32) -> bool {
+        let Some(rate) = limits.writes_per_second else {
+            return true;
+        };
         let now = tokio::time::Instant::now();
-        let rate = f64::from(rate);
-        let refill = now.duration_since(self.at).as_secs_f64() * rate;
-        self.tokens = (self.tokens + refill).min(rate);
+        let refill = now.duration_since(self.at).as_secs_f64() * f64::from(rate);
+        self.tokens = (self.tokens + refill).min(f64::from(Self::burst(limits)));
         self.at = now;
         if self.tokens >= f64::from(n) {
             self.tokens -= f64::from(n);
@@ -197,7 +205,7 @@ pub(crate) mod tests {
             problems: ProblemReporter::default(),
             store: Arc::new(store),
             ops: Ops::new(Arc::new(clock.clone())),
-            kv_budget: Mutex::new(WriteBudget::full(KvLimits::default().writes_per_second)),
+            kv_budget: Mutex::new(WriteBudget::full(&KvLimits::default())),
             http_in_flight: Arc::new(Semaphore::new(1)),
         };
         (clock, Arc::new(env))

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{
-    Candidates, Fence, FencedKv, HandOver, KvOp, KvQuota, KvRefusal, KvWrite, Store, StoreError,
-    TtlStore,
+    Candidates, Fence, FencedKv, GroupCommit, HandOver, KvOp, KvQuota, KvRefusal, KvWrite, Store,
+    StoreError, TtlStore,
 };
 use crate::clock::ManualClock;
 
@@ -38,6 +38,24 @@ pub(crate) trait Backend: Send {
     }
 }
 
+/// A backend behind a [`GroupCommit`]: its key-value writes wait in the queue, and are
+/// applied with whatever else is queued.
+pub(crate) struct Grouped<B>(pub B);
+
+impl<B: Backend> Backend for Grouped<B> {
+    type Store = GroupCommit;
+    const PERSISTENT: bool = B::PERSISTENT;
+    const EXACT_CLOCK: bool = B::EXACT_CLOCK;
+    const TTL: Duration = B::TTL;
+    const EXPIRY_LAG: Duration = B::EXPIRY_LAG;
+    async fn open(&mut self, clock: &ManualClock) -> GroupCommit {
+        GroupCommit::new(Arc::new(self.0.open(clock).await))
+    }
+    async fn advance(&mut self, clock: &ManualClock, d: Duration) {
+        self.0.advance(clock, d).await;
+    }
+}
+
 const NANO: Duration = Duration::from_nanos(1);
 
 /// Expands to one `#[tokio::test]` per conformance case for the given [`Backend`] value.
@@ -58,8 +76,7 @@ macro_rules! suite {
             cas_resets_expiry, delete_own_value, delete_foreign_value_fails,
             expiry_is_inclusive, expired_record_is_absent_for_every_operation,
             terms_increase_across_delete_expire_and_reopen, get_reports_time_left,
-            records_from_before_a_reboot_are_expired, kv_writes_are_fenced_by_term,
-            a_stale_writer_racing_a_takeover_never_lands_after_the_new_one,
+            records_from_before_a_reboot_are_expired,
             an_insert_applied_despite_an_error_is_found_by_its_value_and_deleted,
             wait_released_wakes_on_delete, hand_over_passes_the_record_to_the_freshest_live_candidate,
             hand_over_passes_expired_and_ineligible_candidates_over_and_changes_nothing_when_not_held,
@@ -67,7 +84,14 @@ macro_rules! suite {
             a_handover_prepared_ahead_goes_to_a_live_candidate_even_if_the_view_went_stale,
             list_returns_the_live_records_under_a_prefix,
             renew_all_renews_every_record_of_the_holder_and_no_other,
-            renew_all_never_renews_a_record_the_holder_lost,
+            renew_all_never_renews_a_record_the_holder_lost);
+        $crate::store::conformance::suite!(@kv $backend);
+    };
+    // The cases of fenced key-value writes.
+    (@kv $backend:expr) => {
+        $crate::store::conformance::suite!(@cases $backend;
+            kv_writes_are_fenced_by_term,
+            a_stale_writer_racing_a_takeover_never_lands_after_the_new_one,
             a_stale_batch_racing_a_takeover_never_lands_after_the_new_one,
             a_stale_increment_racing_a_takeover_never_lands_after_the_new_one,
             a_stale_swap_racing_a_takeover_never_lands_after_the_new_one,
@@ -81,7 +105,9 @@ macro_rules! suite {
             kv_a_byte_quota_refuses_growth_writes_nothing_and_lets_a_namespace_shrink,
             kv_usage_is_exact_after_mixed_writes, kv_a_batch_of_max_batch_keys_lands,
             kv_a_stale_term_refuses_every_kind_of_write,
-            kv_two_writers_sharing_a_namespace_lose_nothing);
+            kv_two_writers_sharing_a_namespace_lose_nothing,
+            kv_one_transaction_gives_each_write_its_own_answer,
+            kv_concurrent_writers_through_a_group_commit_lose_nothing);
     };
     // `optional: expr` takes an `Option` of a backend; `None` (e.g. a missing server binary,
     // reported by whoever built the option) turns every case into a no-op.
@@ -90,9 +116,22 @@ macro_rules! suite {
             Some(backend) => backend,
             None => return,
         });
+        /// The key-value cases again, every write through a group commit's queue.
+        mod grouped {
+            use super::*;
+            $crate::store::conformance::suite!(@kv match $backend {
+                Some(backend) => $crate::store::conformance::Grouped(backend),
+                None => return,
+            });
+        }
     };
     ($backend:expr) => {
         $crate::store::conformance::suite!(@all $backend);
+        /// The key-value cases again, every write through a group commit's queue.
+        mod grouped {
+            use super::*;
+            $crate::store::conformance::suite!(@kv $crate::store::conformance::Grouped($backend));
+        }
     };
 }
 pub(crate) use suite;
@@ -249,6 +288,7 @@ pub(crate) async fn expired_record_is_absent_for_every_operation<B: Backend>(b: 
     assert!(!s.compare_and_swap("k", "a", "a", B::TTL).await.unwrap());
     assert!(!s.compare_and_delete("k", "a").await.unwrap());
     let fence = Fence {
+        writer: "svc",
         lease_key: "k",
         term: old,
     };
@@ -361,6 +401,7 @@ pub(crate) async fn kv_writes_are_fenced_by_term<B: Backend>(b: &mut B) {
     let s = b.open(&clock).await;
     let t1 = s.insert_if_absent("k", "a", B::TTL).await.unwrap().unwrap();
     let old = Fence {
+        writer: "svc",
         lease_key: "k",
         term: t1,
     };
@@ -378,6 +419,7 @@ pub(crate) async fn kv_writes_are_fenced_by_term<B: Backend>(b: &mut B) {
     let t2 = s.insert_if_absent("k", "b", B::TTL).await.unwrap().unwrap();
     assert!(!s.kv_set(&old, "svc", "x", b"stale").await.unwrap());
     let new = Fence {
+        writer: "svc",
         lease_key: "k",
         term: t2,
     };
@@ -615,6 +657,7 @@ pub(crate) async fn hand_over_wakes_waiters_and_fences_the_old_term<B: Backend>(
         .expect("wait_released returned after the handover, not after an hour")
         .unwrap();
     let old = Fence {
+        writer: "svc",
         lease_key: "k",
         term: t1,
     };
@@ -622,6 +665,7 @@ pub(crate) async fn hand_over_wakes_waiters_and_fences_the_old_term<B: Backend>(
     if let HandOver::To { term, .. } = &handed {
         let term = *term;
         let new = Fence {
+            writer: "svc",
             lease_key: "k",
             term,
         };
@@ -635,6 +679,7 @@ pub(crate) async fn hand_over_wakes_waiters_and_fences_the_old_term<B: Backend>(
         assert!(!s.kv_set(&new, "svc", "x", b"stale").await.unwrap());
         assert!(!s.kv_set(&old, "svc", "x", b"stale").await.unwrap());
         let newest = Fence {
+            writer: "svc",
             lease_key: "k",
             term: t3,
         };
@@ -737,6 +782,7 @@ pub(crate) async fn renew_all_renews_every_record_of_the_holder_and_no_other<B: 
     );
     // Renewed records keep working as records: fenced writes, deletes.
     let fence = Fence {
+        writer: "svc",
         lease_key: "service/x",
         term: tx,
     };

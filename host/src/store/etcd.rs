@@ -26,6 +26,7 @@
 //! - etcd reports a lease's remaining time in whole seconds, truncated; [`TtlStore::get`]
 //!   reports that plus one second, capped at the granted TTL: an upper bound on time left.
 
+mod batch;
 mod kv;
 mod options;
 #[cfg(test)]
@@ -75,6 +76,11 @@ pub struct EtcdStore {
     /// The records that the releases ending the last wait handed over, by name, as the watch
     /// saw them ([`TtlStore::handed`]); each one's mod revision is its term.
     handed: Mutex<HashMap<String, etcd_client::KeyValue>>,
+    /// What this handle knows of the key-value keys and leases its batches wrote and read
+    /// (`batch.rs`), so that most batches are one request.
+    known: Mutex<batch::KnownKeys>,
+    /// Held by the batch of key-value writes under way: this handle applies one at a time.
+    batching: tokio::sync::Mutex<()>,
 }
 
 /// How long candidates read ahead of a handover may stand in for a read at the handover.
@@ -125,6 +131,8 @@ impl EtcdStore {
             granted: Mutex::default(),
             prepared: Mutex::default(),
             handed: Mutex::default(),
+            known: Mutex::default(),
+            batching: tokio::sync::Mutex::new(()),
         };
         // Prove the cluster answers now rather than at the first campaign.
         let probe = GetOptions::new().with_prefix().with_count_only();

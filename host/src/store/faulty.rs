@@ -12,8 +12,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::{Instant, sleep};
 
-use super::kv::{KvDone, KvOp, KvPage, KvQuota, KvRefusal, KvUsage, KvView};
-use super::{Candidates, Fence, FencedKv, HandOver, MemStore, Record, StoreError, Term, TtlStore};
+use super::kv::{FencedWrite, KvAnswer, KvPage, KvRefusal, KvUsage, KvView};
+use super::{Candidates, FencedKv, HandOver, MemStore, Record, StoreError, Term, TtlStore};
 use crate::keys::CANDIDATE_PREFIX;
 
 /// Who hears of the calls a [`FaultyStore`] saw, in the order they ended: a test's journal.
@@ -42,6 +42,10 @@ pub enum Op {
     Delete,
     /// `get`.
     Get,
+    /// `kv_apply_batch` (every fenced key-value write: a single one is a batch of one), on
+    /// the namespace of the batch's first write. [`Fault::Answer`] refuses each write as
+    /// stale.
+    KvWrite,
 }
 
 /// What the double does with one call.
@@ -422,13 +426,16 @@ impl FencedKv for FaultyStore {
         self.inner.kv_view(space, prefix).await
     }
 
-    async fn kv_apply(
-        &self,
-        fence: &Fence<'_>,
-        space: &str,
-        op: &KvOp<'_>,
-        quota: &KvQuota,
-    ) -> Result<Result<KvDone, KvRefusal>, StoreError> {
-        self.inner.kv_apply(fence, space, op, quota).await
+    async fn kv_apply_batch(&self, writes: &[FencedWrite]) -> Result<Vec<KvAnswer>, StoreError> {
+        let space = writes.first().map_or("", |w| w.space.as_str());
+        let stale = |_| writes.iter().map(|_| Err(KvRefusal::StaleTerm)).collect();
+        self.run(
+            Op::KvWrite,
+            space,
+            self.inner.kv_apply_batch(writes),
+            stale,
+            |_| true,
+        )
+        .await
     }
 }

@@ -77,6 +77,142 @@ impl<'a> KvOp<'a> {
     }
 }
 
+/// An owned [`KvOp`]: what a [`FencedWrite`] holds while it waits for its batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OwnedOp {
+    /// [`KvOp::Batch`]: each key with its new value (`None`: deleted).
+    Batch(Vec<(String, Option<Vec<u8>>)>),
+    /// [`KvOp::Increment`]: the key and what to add.
+    Increment(String, i64),
+    /// [`KvOp::Swap`]: the key, what it must hold, and what it then holds.
+    Swap(String, Option<Vec<u8>>, Vec<u8>),
+}
+
+impl From<&KvOp<'_>> for OwnedOp {
+    fn from(op: &KvOp<'_>) -> Self {
+        match *op {
+            KvOp::Batch(writes) => Self::Batch(
+                writes
+                    .iter()
+                    .map(|w| match *w {
+                        KvWrite::Set { key, value } => (key.to_owned(), Some(value.to_vec())),
+                        KvWrite::Delete { key } => (key.to_owned(), None),
+                    })
+                    .collect(),
+            ),
+            KvOp::Increment { key, delta } => Self::Increment(key.to_owned(), delta),
+            KvOp::Swap { key, expected, new } => {
+                Self::Swap(key.to_owned(), expected.map(<[u8]>::to_vec), new.to_vec())
+            }
+        }
+    }
+}
+
+impl OwnedOp {
+    /// Calls `f` with the borrowed form.
+    pub fn with<T>(&self, f: impl FnOnce(&KvOp<'_>) -> T) -> T {
+        match self {
+            Self::Batch(writes) => {
+                let writes: Vec<KvWrite<'_>> = writes
+                    .iter()
+                    .map(|(key, value)| match value {
+                        Some(value) => KvWrite::Set { key, value },
+                        None => KvWrite::Delete { key },
+                    })
+                    .collect();
+                f(&KvOp::Batch(&writes))
+            }
+            Self::Increment(key, delta) => f(&KvOp::Increment { key, delta: *delta }),
+            Self::Swap(key, expected, new) => f(&KvOp::Swap {
+                key,
+                expected: expected.as_deref(),
+                new,
+            }),
+        }
+    }
+
+    /// Every key the write touches, once each, in the order first named.
+    pub fn keys(&self) -> Vec<&str> {
+        match self {
+            Self::Batch(writes) => {
+                let mut keys: Vec<&str> = Vec::with_capacity(writes.len());
+                for (key, _) in writes {
+                    if !keys.contains(&key.as_str()) {
+                        keys.push(key);
+                    }
+                }
+                keys
+            }
+            Self::Increment(key, _) | Self::Swap(key, ..) => vec![key],
+        }
+    }
+
+    /// The bytes of its keys and values: what it adds to a transaction's request.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Self::Batch(writes) => writes
+                .iter()
+                .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len))
+                .sum(),
+            Self::Increment(key, _) => key.len() + 20,
+            Self::Swap(key, expected, new) => {
+                key.len() + expected.as_ref().map_or(0, Vec::len) + new.len()
+            }
+        }
+    }
+}
+
+/// One fenced write, owned, as a batch ([`super::FencedKv::kv_apply_batch`]) holds it: who
+/// writes, under which lease, to which namespace, what, within which quota.
+#[derive(Clone, Debug)]
+pub struct FencedWrite {
+    /// Who writes (a service): a group commit takes from each writer in turn.
+    pub writer: String,
+    /// The lease record's key.
+    pub lease_key: String,
+    /// The term the writer holds that lease with.
+    pub term: super::Term,
+    /// The namespace written.
+    pub space: String,
+    /// The write.
+    pub op: OwnedOp,
+    /// The namespace's quota.
+    pub quota: KvQuota,
+}
+
+impl FencedWrite {
+    /// `op` to `space` under `fence` and `quota`.
+    pub fn new(fence: &super::Fence<'_>, space: &str, op: &KvOp<'_>, quota: &KvQuota) -> Self {
+        Self {
+            writer: fence.writer.to_owned(),
+            lease_key: fence.lease_key.to_owned(),
+            term: fence.term,
+            space: space.to_owned(),
+            op: OwnedOp::from(op),
+            quota: *quota,
+        }
+    }
+
+    /// What it costs a transaction: an operation per key it touches, and three more (its
+    /// lease's record and term, its namespace's usage), which writes of one batch may share.
+    pub fn ops(&self) -> usize {
+        self.op.keys().len() + 3
+    }
+}
+
+/// The answer to one fenced write: what it did, or why the store refused it.
+pub type KvAnswer = Result<KvDone, KvRefusal>;
+
+/// How much one transaction of a backend takes: a batch holds writes until the next would
+/// pass either figure (a write larger than both alone still goes, alone).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchCapacity {
+    /// The most operations ([`FencedWrite::ops`]).
+    pub ops: usize,
+    /// The most bytes of keys and values.
+    pub bytes: usize,
+}
+
 /// What a fenced write that landed (or, for a swap, was decided) answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvDone {

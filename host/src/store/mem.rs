@@ -7,8 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::Notify;
 
-use super::kv::{self, KvDone, KvOp, KvPage, KvQuota, KvRefusal, KvUsage, KvView};
-use super::{Candidates, Fence, FencedKv, HandOver, Record, StoreError, Term, TtlStore};
+use super::kv::{self, FencedWrite, KvAnswer, KvPage, KvRefusal, KvUsage, KvView};
+use super::{Candidates, FencedKv, HandOver, Record, StoreError, Term, TtlStore};
 use crate::clock::{Clock, Timestamp};
 
 /// The store contract held in memory: nothing survives the process. Cheap to clone; clones
@@ -292,35 +292,36 @@ impl FencedKv for MemStore {
         })
     }
 
-    async fn kv_apply(
-        &self,
-        fence: &Fence<'_>,
-        space: &str,
-        op: &KvOp<'_>,
-        quota: &KvQuota,
-    ) -> Result<Result<KvDone, KvRefusal>, StoreError> {
+    /// Under the state's lock: the writes apply in order, all at once for every reader.
+    async fn kv_apply_batch(&self, writes: &[FencedWrite]) -> Result<Vec<KvAnswer>, StoreError> {
         let now = self.clock.now();
         let mut state = self.lock();
-        if state.live(fence.lease_key, now).map(|e| e.term) != Some(fence.term) {
-            return Ok(Err(KvRefusal::StaleTerm));
+        let mut answers = Vec::with_capacity(writes.len());
+        for write in writes {
+            if state.live(&write.lease_key, now).map(|e| e.term) != Some(write.term) {
+                answers.push(Err(KvRefusal::StaleTerm));
+                continue;
+            }
+            let data = state.kv.entry(write.space.clone()).or_default();
+            let usage = KvUsage::of(data.iter().map(|(k, v)| (k.as_str(), v.as_slice())));
+            let planned = write.op.with(|op| {
+                let old: HashMap<&str, Option<&[u8]>> = op
+                    .keys()
+                    .map(|k| (k, data.get(k).map(Vec::as_slice)))
+                    .collect();
+                kv::plan(op, &old, usage, &write.quota)
+            });
+            answers.push(planned.map(|plan| {
+                for (key, value) in plan.changes {
+                    match value {
+                        Some(value) => data.insert(key, value),
+                        None => data.remove(&key),
+                    };
+                }
+                plan.done
+            }));
         }
-        let data = state.kv.entry(space.to_owned()).or_default();
-        let usage = KvUsage::of(data.iter().map(|(k, v)| (k.as_str(), v.as_slice())));
-        let old: HashMap<&str, Option<&[u8]>> = op
-            .keys()
-            .map(|k| (k, data.get(k).map(Vec::as_slice)))
-            .collect();
-        let plan = match kv::plan(op, &old, usage, quota) {
-            Ok(plan) => plan,
-            Err(refusal) => return Ok(Err(refusal)),
-        };
-        for (key, value) in plan.changes {
-            match value {
-                Some(value) => data.insert(key, value),
-                None => data.remove(&key),
-            };
-        }
-        Ok(Ok(plan.done))
+        Ok(answers)
     }
 }
 

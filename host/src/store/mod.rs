@@ -9,6 +9,7 @@ pub(crate) mod conformance;
 mod etcd;
 #[cfg(any(test, feature = "testing"))]
 pub mod faulty;
+mod group;
 pub mod kv;
 mod mem;
 mod redb_store;
@@ -19,7 +20,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 pub use etcd::{EtcdOptions, EtcdStore, EtcdTls, EtcdUrlError};
-pub use kv::{KvDone, KvOp, KvPage, KvQuota, KvRefusal, KvUsage, KvView, KvWrite, MAX_BATCH};
+pub use group::{BatchReport, GroupCommit};
+pub use kv::{
+    BatchCapacity, FencedWrite, KvAnswer, KvDone, KvOp, KvPage, KvQuota, KvRefusal, KvUsage,
+    KvView, KvWrite, MAX_BATCH, OwnedOp,
+};
 pub use mem::MemStore;
 pub use redb_store::RedbStore;
 
@@ -57,13 +62,14 @@ impl std::fmt::Debug for StoreSettings {
 
 /// Opens the configured store: etcd for an `etcd://` URL, else a redb file. With
 /// `read_only` (the tools that only look), a redb file must exist and is opened without
-/// any write lock, so a paused tool cannot stall the hosts serving from it.
+/// any lock a writer waits for, so a paused tool cannot stall the hosts serving from it.
+/// Otherwise its fenced key-value writes are group-committed ([`GroupCommit`]).
 ///
 /// # Errors
 /// The store's error, naming the path or endpoints.
 pub async fn open(settings: &StoreSettings, read_only: bool) -> Result<OpenedStore, StoreError> {
     let location = &settings.location;
-    if location.starts_with("etcd://") {
+    let backend = if location.starts_with("etcd://") {
         let mut options = EtcdOptions::from_url(location)
             .map_err(|e| StoreError::permanent(format!("store {location}"), e))?;
         options.user.clone_from(&settings.user);
@@ -73,40 +79,71 @@ pub async fn open(settings: &StoreSettings, read_only: bool) -> Result<OpenedSto
             options.prefix.clone_from(prefix);
         }
         let store = EtcdStore::connect(options).await?;
-        Ok(OpenedStore::Etcd(Arc::new(store)))
+        Backend::Etcd(Arc::new(store))
     } else if read_only {
         let store = RedbStore::open_read_only(location).await?;
-        Ok(OpenedStore::Redb(Arc::new(store)))
+        Backend::Redb(Arc::new(store))
     } else {
         let store = RedbStore::open_with_patience(location, settings.lock_patience).await?;
-        Ok(OpenedStore::Redb(Arc::new(store)))
-    }
+        Backend::Redb(Arc::new(store))
+    };
+    let group = (!read_only).then(|| GroupCommit::new(backend.shared()));
+    Ok(OpenedStore { backend, group })
 }
 
 /// A store opened by [`open`], owned by whoever opened it: [`OpenedStore::shared`] hands it
 /// to the tasks that use it, and [`OpenedStore::close`] ends it once they have ended.
-pub enum OpenedStore {
+pub struct OpenedStore {
+    backend: Backend,
+    /// The group commit in front of it, unless it was opened read-only.
+    group: Option<GroupCommit>,
+}
+
+/// Which store an [`OpenedStore`] is.
+enum Backend {
     /// A redb file.
     Redb(Arc<RedbStore>),
     /// An etcd cluster.
     Etcd(Arc<EtcdStore>),
 }
 
-impl OpenedStore {
-    /// A handle for a task that uses the store; drop it before [`OpenedStore::close`].
-    pub fn shared(&self) -> Arc<dyn Store> {
+impl Backend {
+    fn shared(&self) -> Arc<dyn Store> {
         match self {
             Self::Redb(store) => Arc::clone(store) as Arc<dyn Store>,
             Self::Etcd(store) => Arc::clone(store) as Arc<dyn Store>,
         }
     }
+}
 
-    /// Closes the store: a redb file is closed on the blocking pool (closing may write and
-    /// sync it), an etcd client is dropped. A handle from [`OpenedStore::shared`] still alive
-    /// keeps the store open until it is dropped; that is logged.
+impl OpenedStore {
+    /// A handle for a task that uses the store; drop it before [`OpenedStore::close`]. Every
+    /// handle shares one group commit.
+    pub fn shared(&self) -> Arc<dyn Store> {
+        match &self.group {
+            Some(group) => Arc::new(group.clone()),
+            None => self.backend.shared(),
+        }
+    }
+
+    /// Tells `observer` of every batch of key-value writes the store commits (for metrics).
+    /// Call it before handing out any handle: the handles from before keep their queue.
+    pub fn observe_batches(&mut self, observer: impl Fn(BatchReport) + Send + Sync + 'static) {
+        if self.group.is_some() {
+            self.group = Some(GroupCommit::observed(self.backend.shared(), observer));
+        }
+    }
+
+    /// Closes the store, once the group commit's last batch has ended: a redb file is closed
+    /// on the blocking pool (closing may write and sync it), an etcd client is dropped. A
+    /// handle from [`OpenedStore::shared`] still alive keeps the store open until it is
+    /// dropped; that is logged.
     pub async fn close(self) {
-        match self {
-            Self::Redb(store) => match Arc::try_unwrap(store) {
+        if let Some(group) = self.group {
+            group.close().await;
+        }
+        match self.backend {
+            Backend::Redb(store) => match Arc::try_unwrap(store) {
                 Ok(store) => store.close().await,
                 Err(store) => {
                     let handles = Arc::strong_count(&store) - 1;
@@ -116,7 +153,7 @@ impl OpenedStore {
                     );
                 }
             },
-            Self::Etcd(store) => {
+            Backend::Etcd(store) => {
                 let handles = Arc::strong_count(&store) - 1;
                 drop(store);
                 if handles == 0 {
@@ -250,6 +287,16 @@ impl StoreError {
     /// True if retrying the operation makes sense.
     pub fn is_transient(&self) -> bool {
         matches!(self, Self::Transient { .. })
+    }
+
+    /// The same failure again, for each write of a batch that failed with it: its kind, its
+    /// context and its cause's text.
+    #[must_use]
+    pub fn for_each_write(&self) -> Self {
+        match self {
+            Self::Transient { context, source } => Self::transient(context, source.to_string()),
+            Self::Permanent { context, source } => Self::permanent(context, source.to_string()),
+        }
     }
 }
 
@@ -414,18 +461,73 @@ pub trait FencedKv: Send + Sync {
     /// never learns a value through a swap and never wins one. Concurrent writers to one
     /// namespace (services sharing a bucket) are serialised by the store: none is lost and
     /// the usage stays exact.
+    ///
+    /// A batch of one ([`FencedKv::kv_apply_batch`]); a [`GroupCommit`] in front of the store
+    /// applies it in one transaction with the writes of others.
     async fn kv_apply(
         &self,
         fence: &Fence<'_>,
         space: &str,
         op: &KvOp<'_>,
         quota: &KvQuota,
-    ) -> Result<Result<KvDone, KvRefusal>, StoreError>;
+    ) -> Result<KvAnswer, StoreError> {
+        let write = FencedWrite::new(fence, space, op, quota);
+        let answers = self.kv_apply_batch(std::slice::from_ref(&write)).await?;
+        answers.into_iter().next().ok_or_else(|| {
+            StoreError::permanent(format!("kv_apply in {space:?}"), "the store gave no answer")
+        })
+    }
+
+    /// Applies `writes` in order in one transaction, which is durable before this returns:
+    /// each as [`FencedKv::kv_apply`] would alone, seeing the writes before it, with its own
+    /// answer, in the order given. A refusal (a stale term, a quota, a swap that lost, a
+    /// value that is not a number) writes nothing of that write and leaves the others be;
+    /// the term of each distinct lease is checked once, in the same transaction. An error
+    /// is the whole batch's: none of it was acknowledged, and none of it may have landed
+    /// (a store that cannot tell, such as one whose answer was lost, says so by a transient
+    /// error, as a single write does).
+    ///
+    /// At most [`FencedKv::batch_capacity`] (the caller checks), each write of at most
+    /// [`MAX_BATCH`] keys.
+    async fn kv_apply_batch(&self, writes: &[FencedWrite]) -> Result<Vec<KvAnswer>, StoreError>;
+
+    /// Whether this store applies a batch on the calling thread, blocking it
+    /// ([`FencedKv::kv_apply_batch_blocking`]): a transaction that runs on a thread anyway
+    /// (redb). A [`GroupCommit`] then commits its batches one after another on one thread of
+    /// the blocking pool, without a hop to an async task and back between two of them.
+    fn blocking_batches(&self) -> bool {
+        false
+    }
+
+    /// Applies `writes` as [`FencedKv::kv_apply_batch`] does, on the calling thread, which
+    /// it blocks until the transaction is durable. Only where
+    /// [`FencedKv::blocking_batches`].
+    ///
+    /// # Errors
+    /// As [`FencedKv::kv_apply_batch`]; a permanent error where batches do not block (the
+    /// default).
+    fn kv_apply_batch_blocking(&self, writes: &[FencedWrite]) -> Result<Vec<KvAnswer>, StoreError> {
+        let _ = writes;
+        Err(StoreError::permanent(
+            "kv_apply_batch_blocking",
+            "this store applies batches asynchronously",
+        ))
+    }
+
+    /// What one transaction of this store takes ([`FencedKv::kv_apply_batch`]).
+    fn batch_capacity(&self) -> BatchCapacity {
+        BatchCapacity {
+            ops: 1024,
+            bytes: 4 << 20,
+        }
+    }
 }
 
-/// The lease a fenced write is made under.
+/// The lease a fenced write is made under, and who makes it.
 #[derive(Clone, Copy, Debug)]
 pub struct Fence<'a> {
+    /// Who writes (a service): a [`GroupCommit`] takes from each writer in turn.
+    pub writer: &'a str,
     /// The lease record's key (the slot).
     pub lease_key: &'a str,
     /// The term the writer acquired that lease with.

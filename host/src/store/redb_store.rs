@@ -292,11 +292,31 @@ impl RedbStore {
         lane: Lane,
         f: impl FnOnce(&WriteTransaction, Timestamp) -> Result<(T, Outcome), Fault> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let inner = Arc::clone(&self.inner);
-        inner.writes_in_flight.send_modify(|n| *n += 1);
-        let in_flight = InFlightWrite(Arc::clone(&inner));
-        self.blocking(op, move || {
+        // Counted from here: a write whose caller gives up before it runs still runs.
+        let in_flight = InFlightWrite::new(&self.inner);
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || store.write_now(op, lane, in_flight, f))
+            .await
+            .unwrap_or_else(|e| {
+                Err(Fault::Aborted(e.to_string()).into_store_error(&self.inner.path, op))
+            })
+    }
+
+    /// [`RedbStore::write`] on this thread, blocking it (a write that is already on the
+    /// blocking pool: the group commit's batches).
+    fn write_now<T>(
+        &self,
+        op: &'static str,
+        lane: Lane,
+        in_flight: InFlightWrite,
+        f: impl FnOnce(&WriteTransaction, Timestamp) -> Result<(T, Outcome), Fault>,
+    ) -> Result<T, StoreError> {
+        let inner = &self.inner;
+        let written = (|| {
             let _ended = in_flight;
+            if let Some(reason) = inner.verdict.get() {
+                return Err(Fault::Invalid(reason));
+            }
             let _queue = inner.queue_for_writing(lane);
             let Handle::Write(db) = inner.db() else {
                 return Err(Fault::ReadOnly);
@@ -317,8 +337,8 @@ impl RedbStore {
                 }
             }
             Ok(value)
-        })
-        .await
+        })();
+        self.settled(op, written)
     }
 
     /// Runs `f` on the blocking pool; turns its failure into a [`StoreError`] and, if redb
@@ -334,6 +354,12 @@ impl RedbStore {
                 .await
                 .unwrap_or_else(|e| Err(Fault::Aborted(e.to_string()))),
         };
+        self.settled(op, result)
+    }
+
+    /// `op`'s result as its caller sees it: a failure turned into a [`StoreError`], and a
+    /// fresh handle opened for the next operation if redb says this one is spent.
+    fn settled<T>(&self, op: &'static str, result: Result<T, Fault>) -> Result<T, StoreError> {
         result.map_err(|fault| {
             if fault.needs_reopen() {
                 self.reopen(&fault);
@@ -532,9 +558,16 @@ fn system_clock() -> Result<Arc<dyn Clock>, StoreError> {
     Ok(Arc::new(clock))
 }
 
-/// Counts one write out of [`Inner::writes_in_flight`] when the blocking task running it ends
-/// (or is dropped unrun).
+/// Counts one write in [`Inner::writes_in_flight`] from its making, and out again when the
+/// blocking task running it ends (or is dropped unrun).
 struct InFlightWrite(Arc<Inner>);
+
+impl InFlightWrite {
+    fn new(inner: &Arc<Inner>) -> Self {
+        inner.writes_in_flight.send_modify(|n| *n += 1);
+        Self(Arc::clone(inner))
+    }
+}
 
 impl Drop for InFlightWrite {
     fn drop(&mut self) {

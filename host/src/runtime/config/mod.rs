@@ -422,9 +422,14 @@ pub struct KvLimits {
     pub max_keys: u64,
     /// The most bytes (keys and values) in one namespace. Default 64 MiB.
     pub max_bytes: u64,
-    /// Writes per second per service, on average; up to this many may come at once.
-    /// Default 100.
-    pub writes_per_second: u32,
+    /// Writes per second per service, on average, if the operator sets a rate: a token
+    /// bucket. None by default: the store's group commit takes from the services in turn,
+    /// so one cannot starve another (or the lease's renewals, which go first), and a fixed
+    /// rate would bind long before the store does.
+    pub writes_per_second: Option<u32>,
+    /// How many writes may come at once under that rate (the bucket's size). Default: a
+    /// second's worth.
+    pub write_burst: Option<u32>,
 }
 
 impl Default for KvLimits {
@@ -434,7 +439,8 @@ impl Default for KvLimits {
             max_value_bytes: 1 << 20,
             max_keys: 10_000,
             max_bytes: 64 << 20,
-            writes_per_second: 100,
+            writes_per_second: None,
+            write_burst: None,
         }
     }
 }
@@ -449,7 +455,8 @@ impl KvLimits {
             max_value_bytes: size(table.max_value_bytes, self.max_value_bytes),
             max_keys: table.max_keys.unwrap_or(self.max_keys),
             max_bytes: table.max_bytes.unwrap_or(self.max_bytes),
-            writes_per_second: table.writes_per_second.unwrap_or(self.writes_per_second),
+            writes_per_second: table.writes_per_second.or(self.writes_per_second),
+            write_burst: table.write_burst.or(self.write_burst),
         }
     }
 }

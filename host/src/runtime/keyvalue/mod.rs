@@ -309,6 +309,7 @@ impl Kv<'_> {
             return Ok(Err(e));
         }
         let fence = Fence {
+            writer: &env.name,
             lease_key: &env.lease.key,
             term: env.lease.term,
         };
@@ -378,17 +379,17 @@ impl Kv<'_> {
         if let Some(&size) = values.iter().find(|&&size| size > max) {
             return Err(self.over(KvLimit::ValueSize, format!("a value of {size} bytes"), max));
         }
-        let rate = self.access.limits.writes_per_second;
+        let limits = &self.access.limits;
         let n = u32::try_from(op.keys().count()).unwrap_or(u32::MAX).max(1);
         let allowed = self
             .env
             .kv_budget
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .take(rate, n);
+            .take(limits, n);
         if !allowed {
             let what = format!("{n} writes now; try again later");
-            return Err(self.over(KvLimit::Rate, what, rate));
+            return Err(self.over(KvLimit::Rate, what, limits.writes_per_second.unwrap_or(0)));
         }
         Ok(())
     }

@@ -23,7 +23,7 @@ fn access(limits: KvLimits, buckets: &[&str]) -> KvAccess {
 
 /// An instance of `env`'s service with `access`, its write budget full for its rate.
 fn host(env: &Arc<ServiceEnv>, access: KvAccess) -> Host {
-    *env.kv_budget.lock().unwrap() = WriteBudget::full(access.limits.writes_per_second);
+    *env.kv_budget.lock().unwrap() = WriteBudget::full(&access.limits);
     crate::runtime::state::tests::host(env, access)
 }
 
@@ -54,12 +54,10 @@ async fn get(h: &mut Host, bucket: &Resource<Bucket>, key: &str) -> Option<Vec<u
         .unwrap()
 }
 
-/// Roomy limits, so a test meets only the limit it is about.
+/// Roomy limits, so a test meets only the limit it is about: the defaults, which set no
+/// write rate.
 fn roomy() -> KvLimits {
-    KvLimits {
-        writes_per_second: 100_000,
-        ..KvLimits::default()
-    }
+    KvLimits::default()
 }
 
 #[tokio::test]
@@ -191,7 +189,10 @@ async fn a_write_under_a_stale_term_says_so_and_writes_nothing() {
 #[tokio::test(start_paused = true)]
 async fn writes_over_a_limit_name_it_count_it_and_write_nothing() {
     let (_clock, env) = env().await;
-    let limits = KvLimits::default();
+    let limits = KvLimits {
+        writes_per_second: Some(100),
+        ..KvLimits::default()
+    };
     let mut h = host(&env, access(limits, &[]));
     let own = open(&mut h, "").await.unwrap();
     let long_key = "k".repeat(limits.max_key_bytes + 1);
@@ -412,7 +413,7 @@ async fn a_granted_bucket_is_shared_between_services() {
         problems: crate::problem::ProblemReporter::default(),
         store: Arc::clone(&env.store),
         ops: env.ops.clone(),
-        kv_budget: std::sync::Mutex::new(WriteBudget::full(100)),
+        kv_budget: std::sync::Mutex::new(WriteBudget::full(&KvLimits::default())),
         http_in_flight: Arc::clone(&env.http_in_flight),
     });
     let mut a = host(&env, access(roomy(), &["shared"]));

@@ -9,8 +9,8 @@ use std::time::Duration;
 use super::Backend;
 use crate::clock::ManualClock;
 use crate::store::{
-    Fence, FencedKv, KvDone, KvOp, KvPage, KvQuota, KvRefusal, KvUsage, KvView, KvWrite, MAX_BATCH,
-    StoreError, Term, TtlStore,
+    Fence, FencedKv, FencedWrite, KvDone, KvOp, KvPage, KvQuota, KvRefusal, KvUsage, KvView,
+    KvWrite, MAX_BATCH, OwnedOp, StoreError, Term, TtlStore,
 };
 
 const SPACE: &str = "svc";
@@ -25,6 +25,7 @@ fn del(key: &str) -> KvWrite<'_> {
 
 fn fence(term: Term) -> Fence<'static> {
     Fence {
+        writer: "svc",
         lease_key: "k",
         term,
     }
@@ -553,6 +554,7 @@ pub(crate) async fn kv_two_writers_sharing_a_namespace_lose_nothing<B: Backend>(
             .unwrap();
         writers.push(tokio::spawn(async move {
             let fence = Fence {
+                writer: "svc",
                 lease_key: lease,
                 term,
             };
@@ -780,4 +782,138 @@ async fn race_a_takeover<B: Backend>(b: &mut B, racer: Racer) {
         .await
         .unwrap();
     assert!(landed > 0, "the old writer wrote before the takeover");
+}
+
+/// One transaction of many writes (a group commit's batch): each write gets its own answer,
+/// sees the writes before it, and a refusal (a stale term, a quota, a swap that lost, a value
+/// that is no number) writes nothing of that write and leaves its neighbours be.
+pub(crate) async fn kv_one_transaction_gives_each_write_its_own_answer<B: Backend>(b: &mut B) {
+    let clock = ManualClock::default();
+    let (s, t) = leased(b, &clock).await;
+    batch(&s, t, &[set("text", b"words")]).await;
+    let write = |term: Term, op: OwnedOp, quota: KvQuota| FencedWrite {
+        writer: "svc".to_owned(),
+        lease_key: "k".to_owned(),
+        term,
+        space: SPACE.to_owned(),
+        op,
+        quota,
+    };
+    let one =
+        |key: &str, value: &[u8]| OwnedOp::Batch(vec![(key.to_owned(), Some(value.to_vec()))]);
+    // After `text` and `a`, the namespace holds 2 keys: a third is over this quota.
+    let two_keys = KvQuota {
+        max_keys: 2,
+        max_bytes: u64::MAX,
+    };
+    let all = KvQuota::UNLIMITED;
+    let writes = [
+        write(t, one("a", b"1"), all),
+        write(
+            t,
+            OwnedOp::Swap("b".into(), Some(b"x".to_vec()), b"y".to_vec()),
+            all,
+        ),
+        write(t, one("over", b"q"), two_keys),
+        write(t + 1_000_000, one("stale", b"s"), all),
+        write(t, OwnedOp::Increment("n".into(), 5), all),
+        write(t, OwnedOp::Increment("text".into(), 1), all),
+        write(
+            t,
+            OwnedOp::Swap("a".into(), Some(b"1".to_vec()), b"2".to_vec()),
+            all,
+        ),
+        write(t, OwnedOp::Increment("n".into(), 1), all),
+    ];
+    let answers = s.kv_apply_batch(&writes).await.unwrap();
+    assert_eq!(
+        answers,
+        vec![
+            Ok(KvDone::Written),
+            Ok(KvDone::Swapped(false)),
+            Err(KvRefusal::TooManyKeys { limit: 2 }),
+            Err(KvRefusal::StaleTerm),
+            Ok(KvDone::Number(5)),
+            Err(KvRefusal::NotANumber),
+            Ok(KvDone::Swapped(true)),
+            Ok(KvDone::Number(6)),
+        ]
+    );
+    assert_eq!(get(&s, "a").await.as_deref(), Some(&b"2"[..]));
+    assert_eq!(get(&s, "n").await.as_deref(), Some(&b"6"[..]));
+    for refused in ["b", "over", "stale"] {
+        assert_eq!(get(&s, refused).await, None, "{refused}");
+    }
+    assert_eq!(get(&s, "text").await.as_deref(), Some(&b"words"[..]));
+    assert_eq!(
+        usage(&s).await,
+        KvUsage::of([("text", &b"words"[..]), ("a", &b"2"[..]), ("n", &b"6"[..])])
+    );
+    // A batch of refusals only writes nothing, and answers each.
+    let refused = [
+        write(t + 1, one("x", b"1"), all),
+        write(t, OwnedOp::Increment("text".into(), 1), all),
+    ];
+    assert_eq!(
+        s.kv_apply_batch(&refused).await.unwrap(),
+        vec![Err(KvRefusal::StaleTerm), Err(KvRefusal::NotANumber)]
+    );
+}
+
+/// Writers of several services increment one shared key and keys of their own, all at once:
+/// no increment is lost, none counted twice, each answer is a count no other got, and the
+/// usage is exact (through a group commit, many share each transaction).
+pub(crate) async fn kv_concurrent_writers_through_a_group_commit_lose_nothing<B: Backend>(
+    b: &mut B,
+) {
+    const WRITERS: usize = 12;
+    const EACH: i64 = 15;
+    let clock = ManualClock::default();
+    let (s, t) = leased(b, &clock).await;
+    let s = Arc::new(s);
+    let mut tasks = Vec::new();
+    for w in 0..WRITERS {
+        let s = Arc::clone(&s);
+        tasks.push(tokio::spawn(async move {
+            let writer = format!("service-{w}");
+            let fence = Fence {
+                writer: &writer,
+                lease_key: "k",
+                term: t,
+            };
+            let own = format!("own-{w}");
+            let mut counts = Vec::new();
+            for _ in 0..EACH {
+                let shared = KvOp::Increment { key: "n", delta: 1 };
+                let done = s
+                    .kv_apply(&fence, SPACE, &shared, &KvQuota::UNLIMITED)
+                    .await;
+                match done.unwrap() {
+                    Ok(KvDone::Number(n)) => counts.push(n),
+                    other => panic!("{other:?}"),
+                }
+                let mine = KvOp::Increment {
+                    key: &own,
+                    delta: 1,
+                };
+                let done = s.kv_apply(&fence, SPACE, &mine, &KvQuota::UNLIMITED).await;
+                assert!(matches!(done, Ok(Ok(KvDone::Number(_)))), "{done:?}");
+            }
+            counts
+        }));
+    }
+    let mut counts = Vec::new();
+    for task in tasks {
+        counts.extend(task.await.unwrap());
+    }
+    counts.sort_unstable();
+    let total = i64::try_from(WRITERS).unwrap() * EACH;
+    assert_eq!(counts, (1..=total).collect::<Vec<_>>(), "each count once");
+    let total = total.to_string();
+    assert_eq!(get(&*s, "n").await.as_deref(), Some(total.as_bytes()));
+    let each = EACH.to_string();
+    let mut expected = vec![("n".to_owned(), total.clone())];
+    expected.extend((0..WRITERS).map(|w| (format!("own-{w}"), each.clone())));
+    let want = KvUsage::of(expected.iter().map(|(k, v)| (k.as_str(), v.as_bytes())));
+    assert_eq!(usage(&*s).await, want);
 }

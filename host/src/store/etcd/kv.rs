@@ -1,5 +1,5 @@
 //! The guests' fenced key-value space on etcd ([`FencedKv`]): its keys, each namespace's usage
-//! key, and the read-then-write of [`FencedKv::kv_apply`].
+//! key, and the reads.
 //!
 //! Keys under the store's prefix `P` (`%` and `/` in a space name percent-escaped):
 //! - `P kv/<space>/<key>`: a value, on no lease.
@@ -12,88 +12,35 @@
 //!   keys deleted since.) A namespace written before usage was kept has none: its usage is
 //!   then read from a scan of its keys, and written with the first fenced write.
 //!
-//! [`FencedKv::kv_apply`] is two requests, each one transaction:
-//! 1. A read of the lease record, its handover term key, the usage key and every key the
-//!    write touches, at one revision. The fence is decided from it: the record carries the
-//!    writer's term as [`term_of`] reads it (its create revision, or its term key's mod
-//!    revision after a handover). Then [`kv::plan`]. A refusal, a swap that lost, or a write
-//!    that changes nothing is answered from that read and writes nothing.
-//! 2. A write of the changes and the new usage, if the record's create revision, the term
-//!    key's, the usage key's and every touched key's mod revision are still what the read saw:
-//!    the fence still holds (a new term is a new create revision, or a handover's put of the
-//!    term key) and no write came in between. Otherwise the same transaction reads as step 1
-//!    did, and the write is planned again from that, at most [`ATTEMPTS`] times in all.
-//!
-//! Why one level and no nested transaction (the fence's two branches, as a lease write checks
-//! them): etcd checks a transaction level by level. The largest of a level's compares, its
-//! success ops and its failure ops must be at most `--max-txn-ops` (128 by default), and a
-//! nested transaction gets only what its parent level left (`checkTxnRequest` in etcd's
-//! `etcdserver/api/v3rpc/key.go`: `checkRequestOp(u, maxTxnOps-opc)`; tried on etcd 3.4.23:
-//! 101 compares with a nested transaction of 27 puts pass, of 28 are refused). A write of
-//! [`MAX_BATCH`] keys needs 100 compares and 101 ops: nested, about 200 along one path; here,
-//! at most 103 compares and 103 ops. A put in both branches would also send each value twice,
-//! and a 1 MiB value would not fit etcd's `--max-request-bytes` (1.5 MiB by default).
-
-use std::collections::HashMap;
+//! A fenced write is applied in a batch, in one conditional transaction: see `batch.rs`.
 
 use async_trait::async_trait;
-use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{GetOptions, Txn, TxnOp, TxnOpResponse};
 
-use super::{EtcdStore, ForeignRecord, term_of};
-use crate::store::kv::{
-    self, KvDone, KvOp, KvPage, KvQuota, KvRefusal, KvUsage, KvView, MAX_BATCH,
-};
-use crate::store::{Fence, FencedKv, StoreError};
-
-/// The most compares, or ops, that etcd takes at one level of a transaction by default
-/// (`--max-txn-ops`).
-const ETCD_MAX_TXN_OPS: usize = 128;
-
-/// The reads and compares of a write beside its keys': the lease record, its term key and
-/// the usage key.
-const FIXED_OPS: usize = 3;
-
-const _: () = assert!(MAX_BATCH + FIXED_OPS <= ETCD_MAX_TXN_OPS);
+use super::{EtcdStore, ForeignRecord};
+use crate::store::kv::{FencedWrite, KvAnswer, KvPage, KvUsage, KvView, MAX_BATCH};
+use crate::store::{BatchCapacity, FencedKv, StoreError};
 
 /// The largest response the client decodes (tonic's default: 4 MiB). etcd sends responses of
 /// any size; a value came in one request, so it is at most `--max-request-bytes` (1.5 MiB by
 /// default), and a read of [`MAX_BATCH`] values and the fence's keys fits with room.
 pub(super) const MAX_RESPONSE_BYTES: usize = 256 << 20;
 
-/// How many times a write is planned and tried against a namespace that other writers keep
-/// changing, before it fails with a transient error.
-const ATTEMPTS: usize = 20;
-
 /// Keys per page of a scan of a namespace (its usage, before usage was kept).
 const SCAN_PAGE: i64 = 100;
 
 /// A write that could not be applied.
 #[derive(Debug, thiserror::Error)]
-enum KvFault {
+pub(super) enum KvFault {
     /// Other writers changed the namespace under every try.
     #[error("the namespace changed under each of {0} tries")]
-    Contended(usize),
+    Contended(u32),
     /// More distinct keys than one transaction takes.
     #[error("a write of {0} keys: at most {MAX_BATCH}")]
     TooManyKeys(usize),
     /// etcd answered a read with fewer results than it was asked for.
     #[error("etcd answered a read with fewer results than asked")]
     ShortAnswer,
-}
-
-/// What step 1 read, at one revision.
-struct Snapshot {
-    /// The lease record's create revision and its term key's mod revision (0: none), if the
-    /// record carries the fence's term; `None`: the term is stale.
-    fence: Option<(i64, i64)>,
-    /// The usage key's mod revision (0: absent).
-    usage_revision: i64,
-    /// The usage it holds; `None` if absent or unreadable (then scanned).
-    usage: Option<KvUsage>,
-    /// The mark of the write that left the usage key so ([`write_mark`]).
-    usage_mark: Option<u64>,
-    /// Each touched key, once, with its mod revision (0: absent) and value.
-    keys: Vec<(String, i64, Option<Vec<u8>>)>,
 }
 
 /// `space` with `%` and `/` escaped, so that no namespace's keys lie under another's.
@@ -116,7 +63,7 @@ fn range_end(prefix: &[u8]) -> Vec<u8> {
 
 /// A usage value, `"<keys> <bytes>[ <mark in hex>]"`: the usage, and the mark of the write
 /// that made it, if any.
-fn parse_usage(value: &[u8]) -> Option<(KvUsage, Option<u64>)> {
+pub(super) fn parse_usage(value: &[u8]) -> Option<(KvUsage, Option<u64>)> {
     let mut fields = std::str::from_utf8(value).ok()?.split(' ');
     let usage = KvUsage {
         keys: fields.next()?.parse().ok()?,
@@ -130,7 +77,7 @@ fn parse_usage(value: &[u8]) -> Option<(KvUsage, Option<u64>)> {
 /// answer was lost and whose request the client sent again (its compares then fail against
 /// the write's own revisions) is known for the caller's own, rather than planned and applied
 /// a second time (an increment counted twice).
-fn write_mark() -> u64 {
+pub(super) fn write_mark() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     // Each `RandomState` has fresh keys (seeded from the OS, then stepped per state).
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
@@ -148,82 +95,21 @@ impl EtcdStore {
         format!("{}{key}", self.kv_base(space))
     }
 
-    fn usage_key(&self, space: &str) -> String {
+    pub(super) fn usage_key(&self, space: &str) -> String {
         format!("{}kvusage/{}", self.prefix, escape(space))
     }
 
-    fn kv_context(&self, op: &str, space: &str) -> String {
+    pub(super) fn kv_context(&self, op: &str, space: &str) -> String {
         format!("etcd {}: {op} in {space:?}", self.endpoints)
-    }
-
-    /// The reads of step 1: the lease record, its term key, the usage key, then `keys`.
-    fn read_ops(&self, lease_key: &str, space: &str, keys: &[&str]) -> Vec<TxnOp> {
-        [
-            self.record_key(lease_key),
-            self.term_key(lease_key),
-            self.usage_key(space),
-        ]
-        .into_iter()
-        .chain(keys.iter().map(|key| self.kv_key(space, key)))
-        .map(|key| TxnOp::get(key, None))
-        .collect()
-    }
-
-    /// What the reads of [`Self::read_ops`] found, for a writer of `term`.
-    fn snapshot(
-        &self,
-        space: &str,
-        term: i64,
-        keys: &[&str],
-        answers: Vec<TxnOpResponse>,
-    ) -> Result<Snapshot, StoreError> {
-        let mut got = answers.into_iter().map(|answer| match answer {
-            TxnOpResponse::Get(mut get) => Some(get.take_kvs().into_iter().next()),
-            _ => None,
-        });
-        let mut next = || {
-            got.next().flatten().ok_or_else(|| {
-                StoreError::permanent(self.kv_context("kv_apply", space), KvFault::ShortAnswer)
-            })
-        };
-        let (record, handed, usage) = (next()?, next()?, next()?);
-        let fence = record
-            .filter(|record| term_of(record, handed.as_ref()) == term)
-            .map(|record| {
-                let handed = handed.as_ref().map_or(0, KeyValue::mod_revision);
-                (record.create_revision(), handed)
-            });
-        let usage_revision = usage.as_ref().map_or(0, KeyValue::mod_revision);
-        let usage = usage.and_then(|kv| {
-            let parsed = parse_usage(kv.value());
-            if parsed.is_none() {
-                tracing::warn!(space, "unreadable etcd usage key; counting the namespace");
-            }
-            parsed
-        });
-        let (usage, usage_mark) = (usage.map(|(u, _)| u), usage.and_then(|(_, m)| m));
-        let mut read = Vec::with_capacity(keys.len());
-        for key in keys {
-            let kv = next()?;
-            let revision = kv.as_ref().map_or(0, KeyValue::mod_revision);
-            read.push((
-                (*key).to_owned(),
-                revision,
-                kv.map(|kv| kv.into_key_value().1),
-            ));
-        }
-        Ok(Snapshot {
-            fence,
-            usage_revision,
-            usage,
-            usage_mark,
-            keys: read,
-        })
     }
 
     /// `space`'s usage from a scan of its keys: pages read at `revision` (0: at the first
     /// page's).
-    async fn scan_usage(&self, space: &str, revision: i64) -> Result<KvUsage, StoreError> {
+    pub(super) async fn scan_usage(
+        &self,
+        space: &str,
+        revision: i64,
+    ) -> Result<KvUsage, StoreError> {
         let base = self.kv_base(space);
         let end = range_end(base.as_bytes());
         let mut usage = KvUsage::default();
@@ -262,36 +148,6 @@ impl EtcdStore {
                 _ => return Ok(usage),
             }
         }
-    }
-
-    /// Step 2: `changes` and `usage` written if the fence (`created`, `handed`: what `read`
-    /// found of it) and every key read are unchanged since `read`.
-    fn write_txn(
-        &self,
-        (fence, created, handed): (&Fence<'_>, i64, i64),
-        space: &str,
-        read: &Snapshot,
-        changes: Vec<(String, Option<Vec<u8>>)>,
-        (usage, mark): (KvUsage, u64),
-    ) -> Txn {
-        let mut compares = vec![
-            Compare::create_revision(self.record_key(fence.lease_key), CompareOp::Equal, created),
-            Compare::mod_revision(self.term_key(fence.lease_key), CompareOp::Equal, handed),
-            Compare::mod_revision(self.usage_key(space), CompareOp::Equal, read.usage_revision),
-        ];
-        compares.extend(read.keys.iter().map(|(key, revision, _)| {
-            Compare::mod_revision(self.kv_key(space, key), CompareOp::Equal, *revision)
-        }));
-        let mut writes: Vec<TxnOp> = changes
-            .into_iter()
-            .map(|(key, value)| match value {
-                Some(value) => TxnOp::put(self.kv_key(space, &key), value, None),
-                None => TxnOp::delete(self.kv_key(space, &key), None),
-            })
-            .collect();
-        let figures = format!("{} {} {mark:016x}", usage.keys, usage.bytes);
-        writes.push(TxnOp::put(self.usage_key(space), figures, None));
-        Txn::new().when(compares).and_then(writes)
     }
 }
 
@@ -489,127 +345,11 @@ impl FencedKv for EtcdStore {
         Ok(view)
     }
 
-    async fn kv_apply(
-        &self,
-        fence: &Fence<'_>,
-        space: &str,
-        op: &KvOp<'_>,
-        quota: &KvQuota,
-    ) -> Result<Result<KvDone, KvRefusal>, StoreError> {
-        const OP: &str = "kv_apply";
-        let mut keys: Vec<&str> = Vec::new();
-        for key in op.keys() {
-            if !keys.contains(&key) {
-                keys.push(key);
-            }
-        }
-        if keys.len() > MAX_BATCH {
-            let fault = KvFault::TooManyKeys(keys.len());
-            return Err(StoreError::permanent(self.kv_context(OP, space), fault));
-        }
-        let Ok(term) = i64::try_from(fence.term) else {
-            return Ok(Err(KvRefusal::StaleTerm));
-        };
-        let reads = self.read_ops(fence.lease_key, space, &keys);
-        let response = self
-            .txn(OP, space, Txn::new().and_then(reads.clone()))
-            .await?;
-        let mut read = self.snapshot(space, term, &keys, response.op_responses())?;
-        let mark = write_mark();
-        for _ in 0..ATTEMPTS {
-            let Some((created, handed)) = read.fence else {
-                return Ok(Err(KvRefusal::StaleTerm));
-            };
-            let usage = match read.usage {
-                Some(usage) => usage,
-                None => self.scan_usage(space, 0).await?,
-            };
-            let old: HashMap<&str, Option<&[u8]>> = read
-                .keys
-                .iter()
-                .map(|(key, _, value)| (key.as_str(), value.as_deref()))
-                .collect();
-            let plan = match kv::plan(op, &old, usage, quota) {
-                Ok(plan) => plan,
-                Err(refusal) => return Ok(Err(refusal)),
-            };
-            if plan.changes.is_empty() {
-                return Ok(Ok(plan.done));
-            }
-            let fenced = (fence, created, handed);
-            let write = self.write_txn(fenced, space, &read, plan.changes, (plan.usage, mark));
-            let response = self.txn(OP, space, write.or_else(reads.clone())).await?;
-            if response.succeeded() {
-                return Ok(Ok(plan.done));
-            }
-            read = self.snapshot(space, term, &keys, response.op_responses())?;
-            if read.usage_mark == Some(mark) {
-                // This very write landed; its answer was lost and the request sent again.
-                return Ok(Ok(plan.done));
-            }
-        }
-        let fault = KvFault::Contended(ATTEMPTS);
-        Err(StoreError::transient(self.kv_context(OP, space), fault))
+    async fn kv_apply_batch(&self, writes: &[FencedWrite]) -> Result<Vec<KvAnswer>, StoreError> {
+        self.apply_batch(writes).await
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::*;
-    use crate::store::TtlStore;
-    use crate::store::etcd::tests::Etcd;
-
-    /// A fenced write whose answer was lost and whose request was sent again: the second send
-    /// fails its compares against the first's own revisions, and the usage key it reads back
-    /// carries this write's mark, so `kv_apply` answers it as done instead of applying the
-    /// plan again.
-    #[tokio::test]
-    async fn a_write_sent_again_after_it_landed_is_known_for_its_own() {
-        let Some(etcd) = Etcd::start() else { return };
-        let s = etcd.store().await;
-        let term = s
-            .insert_if_absent("k", "a", Duration::from_mins(1))
-            .await
-            .unwrap()
-            .unwrap();
-        let fence = Fence {
-            lease_key: "k",
-            term,
-        };
-        let term = i64::try_from(term).unwrap();
-        let keys = ["n"];
-        let reads = s.read_ops("k", "svc", &keys);
-        let response = s.txn("t", "svc", Txn::new().and_then(reads.clone()));
-        let response = response.await.unwrap();
-        let read = s
-            .snapshot("svc", term, &keys, response.op_responses())
-            .unwrap();
-        let (created, handed) = read.fence.unwrap();
-        let op = KvOp::Increment { key: "n", delta: 1 };
-        let old = HashMap::from([("n", None)]);
-        let plan = kv::plan(&op, &old, KvUsage::default(), &KvQuota::UNLIMITED).unwrap();
-        let mark = write_mark();
-        assert_ne!(mark, write_mark(), "each write has its own mark");
-        let write = || {
-            let changes = plan.changes.clone();
-            s.write_txn(
-                (&fence, created, handed),
-                "svc",
-                &read,
-                changes,
-                (plan.usage, mark),
-            )
-            .or_else(reads.clone())
-        };
-        assert!(s.txn("t", "svc", write()).await.unwrap().succeeded());
-        let again = s.txn("t", "svc", write()).await.unwrap();
-        assert!(!again.succeeded());
-        let after = s
-            .snapshot("svc", term, &keys, again.op_responses())
-            .unwrap();
-        assert_eq!(after.usage_mark, Some(mark));
-        assert_eq!(s.kv_get("svc", "n").await.unwrap(), Some(b"1".to_vec()));
+    fn batch_capacity(&self) -> BatchCapacity {
+        super::batch::CAPACITY
     }
 }

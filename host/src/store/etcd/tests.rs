@@ -271,6 +271,7 @@ async fn prefixes_and_kv_spaces_are_apart() {
             .is_some()
     );
     let fence = Fence {
+        writer: "svc",
         lease_key: "k",
         term,
     };
@@ -532,6 +533,7 @@ async fn usage_of_data_written_before_usage_was_kept_is_counted() {
         KvUsage { keys: 2, bytes: 6 }
     );
     let fence = Fence {
+        writer: "svc",
         lease_key: "k",
         term: leased(&s).await,
     };
@@ -606,6 +608,7 @@ async fn a_mebibyte_value_and_a_read_of_a_hundred_of_them_go_through() {
     let Some(etcd) = Etcd::start() else { return };
     let s = etcd.store().await;
     let fence = Fence {
+        writer: "svc",
         lease_key: "k",
         term: leased(&s).await,
     };
@@ -650,6 +653,7 @@ async fn a_write_of_more_keys_than_a_transaction_takes_is_refused() {
     let Some(etcd) = Etcd::start() else { return };
     let s = etcd.store().await;
     let fence = Fence {
+        writer: "svc",
         lease_key: "k",
         term: leased(&s).await,
     };

@@ -1,6 +1,7 @@
-//! The guests' fenced key-value space in the redb file ([`FencedKv`]): each write is one write
-//! transaction that checks the lease's term, reads the touched keys and the namespace's usage
-//! record, and writes the keys and the new usage, or nothing.
+//! The guests' fenced key-value space in the redb file ([`FencedKv`]): each batch of writes is
+//! one write transaction, in which each write checks its lease's term, reads the keys it
+//! touches and its namespace's usage record, and writes the keys and the new usage, or
+//! nothing.
 //!
 //! A namespace's usage record is made on its first write by this version: from a scan of what
 //! the namespace already holds (data written before usage was kept), once.
@@ -13,9 +14,11 @@ use redb::{ReadableTable, Table};
 
 use super::fault::Fault;
 use super::schema::{KV, KV_USAGE, LEASES, live_lease};
-use super::{Lane, Outcome, RedbStore};
-use crate::store::kv::{self, KvDone, KvOp, KvPage, KvQuota, KvRefusal, KvUsage, KvView};
-use crate::store::{Fence, FencedKv, StoreError};
+use super::{InFlightWrite, Lane, Outcome, RedbStore};
+use crate::store::kv::{
+    self, FencedWrite, KvAnswer, KvDone, KvOp, KvPage, KvQuota, KvRefusal, KvUsage, KvView,
+};
+use crate::store::{FencedKv, StoreError};
 
 /// The keys of `space` from `low` on, in order, each with its value's length.
 fn keys_from<'t>(
@@ -205,86 +208,73 @@ impl FencedKv for RedbStore {
         .await
     }
 
-    async fn kv_apply(
+    /// One write transaction for the whole batch ([`RedbStore::apply_batch_now`]), on the
+    /// blocking pool.
+    async fn kv_apply_batch(&self, writes: &[FencedWrite]) -> Result<Vec<KvAnswer>, StoreError> {
+        let writes = writes.to_vec();
+        let in_flight = InFlightWrite::new(&self.inner);
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || store.apply_batch_now(&writes, in_flight))
+            .await
+            .unwrap_or_else(|e| {
+                let fault = Fault::Aborted(e.to_string());
+                Err(fault.into_store_error(&self.inner.path, "kv_apply"))
+            })
+    }
+
+    fn blocking_batches(&self) -> bool {
+        true
+    }
+
+    fn kv_apply_batch_blocking(&self, writes: &[FencedWrite]) -> Result<Vec<KvAnswer>, StoreError> {
+        self.apply_batch_now(writes, InFlightWrite::new(&self.inner))
+    }
+}
+
+impl RedbStore {
+    /// One write transaction for the whole batch, on this thread: the term of each distinct
+    /// lease read once, then each write in order, reading what the writes before it left.
+    fn apply_batch_now(
         &self,
-        fence: &Fence<'_>,
-        space: &str,
-        op: &KvOp<'_>,
-        quota: &KvQuota,
-    ) -> Result<Result<KvDone, KvRefusal>, StoreError> {
-        let (lease_key, term) = (fence.lease_key.to_owned(), fence.term);
-        let space = space.to_owned();
-        let owned = OwnedOp::from(op);
-        let quota = *quota;
-        self.write("kv_apply", Lane::Guest, move |txn, now| {
+        writes: &[FencedWrite],
+        in_flight: InFlightWrite,
+    ) -> Result<Vec<KvAnswer>, StoreError> {
+        self.write_now("kv_apply", Lane::Guest, in_flight, |txn, now| {
             let leases = txn.open_table(LEASES)?;
-            if live_lease(&leases, &lease_key, now)?.is_none_or(|(lease, _)| lease.term != term) {
-                return Ok((Err(KvRefusal::StaleTerm), Outcome::Abort));
-            }
+            let mut terms: HashMap<&str, Option<u64>> = HashMap::new();
             let mut kv = txn.open_table(KV)?;
             let mut usages = txn.open_table(KV_USAGE).map_err(Fault::table)?;
-            let answer = owned.with(|op| apply(&mut kv, &mut usages, &space, op, &quota))?;
-            let outcome = if matches!(
-                answer,
-                Ok(KvDone::Written | KvDone::Number(_) | KvDone::Swapped(true))
-            ) {
+            let mut answers = Vec::with_capacity(writes.len());
+            let mut changed = false;
+            for write in writes {
+                let live = if let Some(term) = terms.get(write.lease_key.as_str()) {
+                    *term
+                } else {
+                    let term =
+                        live_lease(&leases, &write.lease_key, now)?.map(|(lease, _)| lease.term);
+                    terms.insert(&write.lease_key, term);
+                    term
+                };
+                if live != Some(write.term) {
+                    answers.push(Err(KvRefusal::StaleTerm));
+                    continue;
+                }
+                let (space, quota) = (write.space.as_str(), &write.quota);
+                let answer = write
+                    .op
+                    .with(|op| apply(&mut kv, &mut usages, space, op, quota))?;
+                changed |= matches!(
+                    answer,
+                    Ok(KvDone::Written | KvDone::Number(_) | KvDone::Swapped(true))
+                );
+                answers.push(answer);
+            }
+            let outcome = if changed {
                 Outcome::Commit
             } else {
                 Outcome::Abort
             };
-            Ok((answer, outcome))
+            Ok((answers, outcome))
         })
-        .await
-    }
-}
-
-/// A [`KvOp`] owned, to cross to the blocking pool.
-enum OwnedOp {
-    Batch(Vec<(String, Option<Vec<u8>>)>),
-    Increment(String, i64),
-    Swap(String, Option<Vec<u8>>, Vec<u8>),
-}
-
-impl From<&KvOp<'_>> for OwnedOp {
-    fn from(op: &KvOp<'_>) -> Self {
-        match *op {
-            KvOp::Batch(writes) => Self::Batch(
-                writes
-                    .iter()
-                    .map(|w| match *w {
-                        kv::KvWrite::Set { key, value } => (key.to_owned(), Some(value.to_vec())),
-                        kv::KvWrite::Delete { key } => (key.to_owned(), None),
-                    })
-                    .collect(),
-            ),
-            KvOp::Increment { key, delta } => Self::Increment(key.to_owned(), delta),
-            KvOp::Swap { key, expected, new } => {
-                Self::Swap(key.to_owned(), expected.map(<[u8]>::to_vec), new.to_vec())
-            }
-        }
-    }
-}
-
-impl OwnedOp {
-    /// Calls `f` with the borrowed form.
-    fn with<T>(&self, f: impl FnOnce(&KvOp<'_>) -> T) -> T {
-        match self {
-            Self::Batch(writes) => {
-                let writes: Vec<kv::KvWrite<'_>> = writes
-                    .iter()
-                    .map(|(key, value)| match value {
-                        Some(value) => kv::KvWrite::Set { key, value },
-                        None => kv::KvWrite::Delete { key },
-                    })
-                    .collect();
-                f(&KvOp::Batch(&writes))
-            }
-            Self::Increment(key, delta) => f(&KvOp::Increment { key, delta: *delta }),
-            Self::Swap(key, expected, new) => f(&KvOp::Swap {
-                key,
-                expected: expected.as_deref(),
-                new,
-            }),
-        }
     }
 }

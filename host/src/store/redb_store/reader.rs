@@ -410,6 +410,7 @@ mod tests {
             value: value.as_bytes(),
         }];
         let fence = Fence {
+            writer: "svc",
             lease_key: "1",
             term,
         };
@@ -568,6 +569,7 @@ mod tests {
         let writer = impatient_writer(&path).await;
         let term = writer.get("1").await.unwrap().unwrap().term;
         let fence = Fence {
+            writer: "svc",
             lease_key: "1",
             term,
         };

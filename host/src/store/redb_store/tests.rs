@@ -245,6 +245,7 @@ async fn two_handles_share_records_and_a_release_wakes_the_other_handle() {
     // Other writes to the file do not end the wait.
     assert!(a.compare_and_swap("1", "a", "a", TTL).await.unwrap());
     let fence = Fence {
+        writer: "svc",
         lease_key: "1",
         term,
     };
@@ -849,6 +850,7 @@ async fn usage_of_data_written_before_usage_was_kept_is_counted() {
         .unwrap()
         .unwrap();
     let fence = Fence {
+        writer: "svc",
         lease_key: "k",
         term,
     };
