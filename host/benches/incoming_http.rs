@@ -52,8 +52,55 @@ fn main() {
         println!("wrk not found (apt-get install wrk): no load rows");
     } else {
         load_side_by_side(dir.path(), &hello);
+        let counter = services.join("rust-http.wasm");
+        std::fs::copy(guests::guest("rust-http"), &counter).expect("copy the counter");
+        stateful_beside_stateless(dir.path());
+        std::fs::remove_file(counter).expect("remove the counter");
     }
     takeovers(dir.path());
+}
+
+/// The `rust-http` example (every GET an increment in the store, group-committed) beside the
+/// stateless hello on the same host and store, in turn, and their ratio (issue 38).
+fn stateful_beside_stateless(dir: &Path) {
+    let addr = free_addr();
+    let host = serve("stateful", dir, addr);
+    host.wait_for(&["http listening"]);
+    let urls = [
+        (
+            "rust-http (a store write)",
+            format!("http://{addr}/rust-http/"),
+        ),
+        ("hello (stateless)", format!("http://{addr}/hello/")),
+    ];
+    for (_, url) in &urls {
+        wrk(url, "3s");
+    }
+    println!("\nthe counter beside the hello, wrk -t2 -c32 -d10s, {ROUNDS} rounds, in turn:\n");
+    println!("| round | service | requests/s | p50 | p99 |");
+    println!("|---|---|---|---|---|");
+    let mut ratios = Vec::new();
+    for round in 1..=ROUNDS {
+        let loads: Vec<Option<Load>> = urls.iter().map(|(_, url)| wrk(url, "10s")).collect();
+        for ((name, _), load) in urls.iter().zip(&loads) {
+            match load {
+                Some(l) => println!(
+                    "| {round} | {name} | {:.0} | {:.2} ms | {:.2} ms |",
+                    l.rps, l.p50_ms, l.p99_ms
+                ),
+                None => println!("| {round} | {name} | wrk failed (or non-2xx) | | |"),
+            }
+        }
+        if let [Some(counter), Some(hello)] = loads.as_slice() {
+            ratios.push(counter.rps / hello.rps);
+        }
+    }
+    let ratios: Vec<String> = ratios.iter().map(|r| format!("{r:.2}×")).collect();
+    println!(
+        "\ncounter / hello requests/s by round: {}",
+        ratios.join(", ")
+    );
+    drop(host);
 }
 
 /// A loopback address with a port that was free a moment ago.
