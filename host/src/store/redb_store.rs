@@ -17,6 +17,8 @@ mod kv;
 #[cfg(test)]
 mod process_tests;
 mod reader;
+#[cfg(test)]
+mod reader_tests;
 mod schema;
 mod scrub;
 #[cfg(test)]

@@ -33,24 +33,8 @@ use etcd_client::{Compare, CompareOp, KeyValue, Txn, TxnOp, TxnOpResponse, TxnRe
 
 use super::EtcdStore;
 use super::kv::{KvFault, parse_usage, write_mark};
+use crate::store::StoreError;
 use crate::store::kv::{self, FencedWrite, KvAnswer, KvRefusal, KvUsage, MAX_BATCH};
-use crate::store::{BatchCapacity, StoreError};
-
-/// The most compares, or ops, that etcd takes at one level of a transaction by default
-/// (`--max-txn-ops`).
-pub(super) const ETCD_MAX_TXN_OPS: usize = 128;
-
-/// What one transaction of a batch holds at most: its compares, success ops and failure
-/// reads are each at most the batch's [`FencedWrite::ops`] (a key of each write, and the
-/// lease's two keys and the usage key), so within etcd's default `--max-txn-ops`; and its
-/// values well within `--max-request-bytes` (1.5 MiB by default), a value being at most
-/// 1 MiB.
-pub(super) const CAPACITY: BatchCapacity = BatchCapacity {
-    ops: ETCD_MAX_TXN_OPS,
-    bytes: 1 << 20,
-};
-
-const _: () = assert!(MAX_BATCH + 3 <= CAPACITY.ops);
 
 /// How long a batch is planned and tried again against keys that other writers keep
 /// changing, before it fails with a transient error.

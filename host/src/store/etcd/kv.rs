@@ -26,6 +26,22 @@ use crate::store::{BatchCapacity, FencedKv, StoreError};
 /// default), and a read of [`MAX_BATCH`] values and the fence's keys fits with room.
 pub(super) const MAX_RESPONSE_BYTES: usize = 256 << 20;
 
+/// The most compares, or ops, that etcd takes at one level of a transaction by default
+/// (`--max-txn-ops`).
+const ETCD_MAX_TXN_OPS: usize = 128;
+
+/// What one transaction of a batch holds at most: its compares, success ops and failure
+/// reads are each at most the batch's [`FencedWrite::ops`] (a key of each write, and the
+/// lease's two keys and the usage key), so within etcd's default `--max-txn-ops`; and its
+/// values well within `--max-request-bytes` (1.5 MiB by default), a value being at most
+/// 1 MiB.
+pub(super) const CAPACITY: BatchCapacity = BatchCapacity {
+    ops: ETCD_MAX_TXN_OPS,
+    bytes: 1 << 20,
+};
+
+const _: () = assert!(MAX_BATCH + 3 <= CAPACITY.ops);
+
 /// Keys per page of a scan of a namespace (its usage, before usage was kept).
 const SCAN_PAGE: i64 = 100;
 
@@ -350,6 +366,6 @@ impl FencedKv for EtcdStore {
     }
 
     fn batch_capacity(&self) -> BatchCapacity {
-        super::batch::CAPACITY
+        CAPACITY
     }
 }
