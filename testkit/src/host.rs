@@ -51,7 +51,7 @@ impl Host {
         args: &[&str],
         rust_log: &str,
     ) -> Host {
-        let mut command = match netns {
+        let command = match netns {
             Some(ns) => {
                 let mut c = Command::new("ip");
                 c.args(["netns", "exec", ns, bin]);
@@ -59,6 +59,39 @@ impl Host {
             }
             None => Command::new(bin),
         };
+        Self::launch(command, name, dir, args, rust_log)
+    }
+
+    /// Like [`Host::start`], with `socket` passed as systemd's socket activation passes
+    /// one (`sd_listen_fds(3)`): as descriptor 3, with `LISTEN_FDS=1` and `LISTEN_PID` the
+    /// host's own (a shell sets both and execs the host, keeping its pid). `socket` must not
+    /// be close-on-exec.
+    pub fn start_socket_activated(
+        bin: &str,
+        socket: std::os::fd::BorrowedFd<'_>,
+        name: &'static str,
+        dir: &Path,
+        args: &[&str],
+        rust_log: &str,
+    ) -> Host {
+        use std::os::fd::AsRawFd as _;
+        let mut command = Command::new("sh");
+        let script = format!(
+            "LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" \"$@\" 3<&{}",
+            socket.as_raw_fd()
+        );
+        command.args(["-c", &script, bin]);
+        Self::launch(command, name, dir, args, rust_log)
+    }
+
+    /// Runs `command` with `args` in `dir`, its log collected under `name`.
+    fn launch(
+        mut command: Command,
+        name: &'static str,
+        dir: &Path,
+        args: &[&str],
+        rust_log: &str,
+    ) -> Host {
         let mut child = command
             .args(args)
             .current_dir(dir)

@@ -21,6 +21,7 @@ mod netns;
 mod new;
 mod ops;
 mod outgoing_http;
+mod shared_listener;
 mod spread;
 mod stateful_http;
 mod systemd;
