@@ -89,8 +89,8 @@ pub fn read_file(path: &Path, max: u64) -> Result<Vec<u8>, FileError> {
     Ok(bytes)
 }
 
-/// A thread blocked on an inotify instance (and a timeout, if it asks for one), woken at once
-/// and joined when dropped.
+/// A thread blocked on a descriptor (an inotify instance, a listening socket) and a timeout,
+/// if it asks for one, woken at once and joined when dropped.
 ///
 /// A thread rather than tokio's `AsyncFd`, whose safe constructor is deprecated as unsound and
 /// whose replacement is `unsafe`; a thread per watch costs nothing that matters here.
@@ -111,20 +111,33 @@ pub(crate) enum Wake {
     Stop,
 }
 
-/// The thread's side of a [`WatchThread`]: its inotify instance and the stop signal.
+/// The thread's side of a [`WatchThread`]: the descriptor it watches and the stop signal.
 pub(crate) struct Waker {
-    inotify: OwnedFd,
+    watched: OwnedFd,
     stop: OwnedFd,
 }
 
 impl Waker {
-    /// Waits for events of the inotify instance (drained before returning), the stop, or
-    /// `timeout` (`None`: no timeout; beyond a second: a second). The stop wins over events
-    /// that came with it.
+    /// Waits for events of the watched inotify instance (drained before returning), the
+    /// stop, or `timeout` (`None`: no timeout; beyond a second: a second). The stop wins over
+    /// events that came with it.
     ///
     /// # Errors
     /// When polling or draining fails.
     pub(crate) fn wait(&self, timeout: Option<Duration>) -> io::Result<Wake> {
+        let wake = self.wait_readable(timeout)?;
+        if wake == Wake::Events {
+            drain_events(&self.watched)?;
+        }
+        Ok(wake)
+    }
+
+    /// Waits until the watched descriptor is readable ([`Wake::Events`]: what is to be read
+    /// is the caller's to read), the stop, or `timeout`, as [`Waker::wait`] does.
+    ///
+    /// # Errors
+    /// When polling fails.
+    pub(crate) fn wait_readable(&self, timeout: Option<Duration>) -> io::Result<Wake> {
         let timeout = timeout.map(|t| {
             Timespec::try_from(t).unwrap_or(Timespec {
                 tv_sec: 1,
@@ -132,7 +145,7 @@ impl Waker {
             })
         });
         let mut fds = [
-            PollFd::new(&self.inotify, PollFlags::IN),
+            PollFd::new(&self.watched, PollFlags::IN),
             PollFd::new(&self.stop, PollFlags::IN),
         ];
         match poll(&mut fds, timeout.as_ref()) {
@@ -145,26 +158,30 @@ impl Waker {
         if fds[0].revents().is_empty() {
             return Ok(Wake::Timeout);
         }
-        drain_events(&self.inotify)?;
         Ok(Wake::Events)
+    }
+
+    /// The watched descriptor.
+    pub(crate) fn watched(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.watched.as_fd()
     }
 }
 
 impl WatchThread {
-    /// Starts thread `name` running `body` with the [`Waker`] of `inotify` (a non-blocking
-    /// inotify instance with its watches added). `body` must return when a wait says
-    /// [`Wake::Stop`].
+    /// Starts thread `name` running `body` with the [`Waker`] of `watched` (a non-blocking
+    /// inotify instance with its watches added, or a listening socket). `body` must return
+    /// when a wait says [`Wake::Stop`].
     ///
     /// # Errors
     /// When the stop signal or the thread cannot be made.
     pub(crate) fn spawn(
         name: &str,
-        inotify: OwnedFd,
+        watched: OwnedFd,
         body: impl FnOnce(&Waker) + Send + 'static,
     ) -> io::Result<Self> {
         let stop = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
         let waker = Waker {
-            inotify,
+            watched,
             stop: stop.try_clone()?,
         };
         let thread = std::thread::Builder::new()

@@ -129,8 +129,9 @@ fn a_request_is_served_by_route_with_the_fencing_token_and_no_route_is_404() {
     stop(a);
 }
 
-/// A standby does not listen: another standby's own address refuses connections, and one on
-/// the leader's address never binds it while the leader leads (only the leader answers,
+/// A standby does not accept: another standby's own address holds the connection it is
+/// given unanswered (the standby holds the socket for when it leads, and accepts nothing), and
+/// one on the leader's address never listens while the leader leads (only the leader answers,
 /// term 1). Once the leader is stopped (SIGTERM: it stops accepting, then releases), the
 /// standby sharing the address takes over and serves it under its own term.
 #[test]
@@ -146,8 +147,15 @@ fn a_standby_does_not_accept_and_serves_once_the_leader_stops() {
     b.wait_for(&["campaigning"]);
     c.wait_for(&["campaigning"]);
 
-    let refused = TcpStream::connect(own).unwrap_err();
-    assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+    let mut queued = TcpStream::connect(own).unwrap();
+    queued
+        .write_all(b"GET /hello/ HTTP/1.1\r\nhost: x\r\n\r\n")
+        .unwrap();
+    queued
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let unanswered = queued.read(&mut [0; 64]).unwrap_err();
+    assert_eq!(unanswered.kind(), std::io::ErrorKind::WouldBlock);
     let (status, tokens, _) = get(shared, "/hello/");
     assert_eq!((status, tokens), (200, vec!["1".to_owned()]));
     for standby in [&b, &c] {

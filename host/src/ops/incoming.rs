@@ -1,6 +1,8 @@
 //! The metrics of the requests served to HTTP services (SPEC §8, §10):
 //! `vvm_http_incoming_requests_total{service,class}`, `vvm_http_incoming_in_flight{service}`
-//! and `vvm_http_incoming_request_duration_seconds{service}` (until the response head).
+//! and `vvm_http_incoming_request_duration_seconds{service}` (until the response head); and
+//! of `http-addr`'s socket: `vvm_http_incoming_connections_total` (accepted by this host)
+//! and `vvm_http_listen_queue` (waiting in the machine's shared queue).
 
 use std::time::Duration;
 
@@ -28,6 +30,8 @@ pub(super) struct IncomingMetrics {
     requests: Family<RequestLabels, Counter>,
     in_flight: Family<ServiceLabels, Gauge>,
     duration: DurationFamily,
+    connections: Counter,
+    queue: Gauge,
 }
 
 impl IncomingMetrics {
@@ -36,7 +40,19 @@ impl IncomingMetrics {
             requests: Family::default(),
             in_flight: Family::default(),
             duration: Family::new_with_constructor(duration_histogram),
+            connections: Counter::default(),
+            queue: Gauge::default(),
         };
+        registry.register(
+            "vvm_http_incoming_connections",
+            "Connections this host accepted on http-addr (only a leader accepts)",
+            metrics.connections.clone(),
+        );
+        registry.register(
+            "vvm_http_listen_queue",
+            "Connections waiting in http-addr's queue, shared by the hosts of this machine",
+            metrics.queue.clone(),
+        );
         registry.register(
             "vvm_http_incoming_requests",
             "Requests routed to an HTTP service, by status class (1xx..5xx, or aborted)",
@@ -70,6 +86,16 @@ impl IncomingMetrics {
         self.duration
             .get_or_create(&ServiceLabels::of(service))
             .observe(took.as_secs_f64());
+    }
+
+    /// This host accepted a connection on `http-addr`.
+    pub fn connection_accepted(&self) {
+        self.connections.inc();
+    }
+
+    /// The shared queue holds `depth` connections.
+    pub fn queue(&self, depth: u64) {
+        self.queue.set(i64::try_from(depth).unwrap_or(i64::MAX));
     }
 
     /// The in-flight gauge of `service`.

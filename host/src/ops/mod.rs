@@ -188,6 +188,19 @@ impl Ops {
         self.inner.metrics.commits.commit(report);
     }
 
+    /// This host accepted a connection on `http-addr`.
+    pub fn http_connection_accepted(&self) {
+        self.inner.metrics.incoming.connection_accepted();
+    }
+
+    /// The queue of `http-addr`'s shared socket holds `depth` connections (`None`: it could
+    /// not be read; the gauge keeps its last figure).
+    pub fn http_listen_queue(&self, depth: Option<u64>) {
+        if let Some(depth) = depth {
+            self.inner.metrics.incoming.queue(depth);
+        }
+    }
+
     /// An outgoing HTTP request of `service` ended with `outcome` after `took` (none: it was
     /// never sent).
     pub fn http_request(&self, service: &str, outcome: HttpOutcome, took: Option<Duration>) {

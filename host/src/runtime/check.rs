@@ -54,6 +54,7 @@ pub struct Note {
 /// directory would take for a service.
 pub fn check(config: RuntimeConfig, file: Option<PathBuf>) -> Result<CheckReport, RuntimeError> {
     let grants = config.grants.clone();
+    let sharing = sharing_note(&config);
     // Nothing runs, so nothing is counted: the loads' series go to a set nobody reads.
     let unread = Ops::new(Arc::new(crate::clock::SystemClock::local()));
     let (services, errors) = match file {
@@ -71,6 +72,15 @@ pub fn check(config: RuntimeConfig, file: Option<PathBuf>) -> Result<CheckReport
         .flat_map(|svc| {
             let mut notes = grant_notes(&svc.name, &svc.imports, &grants);
             notes.extend(unrun_note(&svc.name, svc.kind(), &svc.exports));
+            if svc.serves_http()
+                && let Some((note, help)) = &sharing
+            {
+                notes.push(Note {
+                    service: svc.name.clone(),
+                    note: note.clone(),
+                    help: help.clone(),
+                });
+            }
             notes
         })
         .collect();
@@ -78,6 +88,36 @@ pub fn check(config: RuntimeConfig, file: Option<PathBuf>) -> Result<CheckReport
         services: services.services(),
         errors,
         notes,
+    })
+}
+
+/// Why `http-addr`'s socket would not be shared with the other hosts of this machine, and
+/// what to change (SPEC §10: a stopped leader must keep nothing from its successor); `None`
+/// when it would be, or when there is no `http-addr`.
+fn sharing_note(config: &RuntimeConfig) -> Option<(String, String)> {
+    let addr = config.incoming_http.addr?;
+    let Some(dir) = &config.http_share_dir else {
+        return Some((
+            format!(
+                "http-addr {addr} is not shared with the other hosts of this machine: there is \
+                 no crash lock directory (an etcd store has none by default), so a stopped \
+                 leader keeps the address from its successor"
+            ),
+            "set `lock-dir` to a local directory that every host of this machine uses, or \
+                 start the hosts from a systemd socket unit (docs/http.md)"
+                .to_owned(),
+        ));
+    };
+    let others = super::incoming::other_addresses(dir, addr);
+    (!others.is_empty()).then(|| {
+        (
+            format!(
+                "other hosts of this machine and store serve http-addr {} and this one \
+                 {addr}: they do not share a socket",
+                others.join(", ")
+            ),
+            "give every host of one store on one machine the same http-addr".to_owned(),
+        )
     })
 }
 
@@ -212,6 +252,8 @@ fn import_help(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::net::SocketAddr;
+
     use super::*;
     use crate::runtime::outgoing::{HttpPolicy, OutgoingLimits};
 
@@ -243,6 +285,35 @@ mod tests {
             wrong.contains("not as the component was built against (@0.2.6)"),
             "{wrong}"
         );
+    }
+
+    #[test]
+    fn an_http_addr_that_would_not_be_shared_is_named_with_what_to_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = RuntimeConfig::new(dir.path());
+        assert!(
+            sharing_note(&config).is_none(),
+            "no http-addr, nothing to share"
+        );
+        let ours: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        config.incoming_http.addr = Some(ours);
+        let (note, help) = sharing_note(&config).unwrap();
+        assert!(note.contains("no crash lock directory"), "{note}");
+        assert!(help.contains("`lock-dir`"), "{help}");
+
+        config.http_share_dir = Some(dir.path().to_owned());
+        assert!(
+            sharing_note(&config).is_none(),
+            "alone on its address, it shares"
+        );
+        // A live host of this machine and store serving another address.
+        let other_addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|free| free.local_addr())
+            .unwrap();
+        let _held = super::super::incoming::SharedSocket::obtain(other_addr, dir.path()).unwrap();
+        let (note, help) = sharing_note(&config).unwrap();
+        assert!(note.contains("do not share a socket"), "{note}");
+        assert!(help.contains("the same http-addr"), "{help}");
     }
 
     #[test]

@@ -24,8 +24,9 @@
 //! - `restart`: a failed service's backoff schedule, and its state as `status`, `/metrics` and
 //!   the log see it.
 //! - `supervisor`: runs, restarts and stops one service; hands the lease over where asked.
-//! - `incoming`: incoming `wasi:http`: the listener on `http-addr` (open only while leading),
-//!   routes, a store per request, responses under the lease.
+//! - `incoming`: incoming `wasi:http`: the socket of `http-addr`, shared by the hosts of a
+//!   machine (accepted from only while leading), routes, a store per request, responses
+//!   under the lease.
 //! - `debounce`: when a changed service file is complete and must be looked at (pure).
 //! - `live_dir`: the live services directory: a watcher keeping the catalogue of loaded
 //!   services in step with the directory's files.
@@ -67,6 +68,7 @@ pub use check::{CheckReport, Note, check, help};
 pub use component::{LoadError, LoadErrorKind, LoadStats, ServiceKind};
 pub use config::{DirGrant, Grants, IncomingLimits, KvLimits, RestartPolicy, RuntimeConfig};
 pub use handles::raise_descriptor_limit;
+pub(crate) use incoming::{ShareError, SharedSocket, other_addresses as other_http_addresses};
 pub use outgoing::{HttpPolicy, LEASE_HEADER, OutgoingLimits, TOKEN_HEADER};
 pub use wasm_services::WasmServices;
 

@@ -14,7 +14,7 @@ use super::cache;
 use super::component::{self, Compiler, LoadError, LoadStats, Loaded, ServiceFile, ServiceKind};
 use super::engine::{self, Runtime};
 use super::imports;
-use super::incoming::HttpServer;
+use super::incoming::{HttpServer, SharedSocket};
 use super::live_dir::{Catalogue, LiveDir};
 use super::progress::Progress;
 use super::reconcile;
@@ -146,6 +146,14 @@ impl WasmServices {
             },
             errors,
         ))
+    }
+
+    /// Its HTTP services are served from `socket`, `http-addr`'s socket shared with the other
+    /// hosts of this machine, from the next leadership on (see `incoming`). Once.
+    pub(crate) fn share_http(&self, socket: SharedSocket) {
+        if self.http.share(socket).is_err() {
+            tracing::warn!("http-addr's socket was shared already; a second one is dropped");
+        }
     }
 
     /// From now on, follows the services directory (SPEC §6): a `.wasm` file added, replaced

@@ -55,6 +55,9 @@ pub struct RuntimeConfig {
     pub outgoing_http: OutgoingLimits,
     /// Where and how HTTP services are served (`http-addr`, `[incoming-http]`).
     pub incoming_http: IncomingLimits,
+    /// Where the hosts of this machine hand each other `http-addr`'s listening socket: the
+    /// crash locks' directory (`lock-dir`). `None`: the socket is not shared.
+    pub http_share_dir: Option<PathBuf>,
 }
 
 /// Where HTTP services are served and the limits on their requests (SPEC §10).
@@ -126,6 +129,7 @@ impl RuntimeConfig {
             kv: KvLimits::default(),
             outgoing_http: OutgoingLimits::default(),
             incoming_http: IncomingLimits::default(),
+            http_share_dir: None,
         }
     }
 
@@ -146,6 +150,7 @@ impl RuntimeConfig {
         config.incoming_http =
             IncomingLimits::default().with(settings.http_addr, settings.incoming_http);
         config.pooling = settings.http_addr.is_some();
+        config.http_share_dir.clone_from(&settings.lock_dir);
         for (name, grant) in &settings.grants {
             let grants = grants(name, grant, config.outgoing_http)?;
             config.grants.insert(name.clone(), grants);

@@ -1,19 +1,28 @@
-//! Incoming HTTP (SPEC §10, "Incoming HTTP"): the host's one listener on `http-addr`, open
-//! only while a leadership of this host runs HTTP services (a standby does not accept), and
-//! the routes of the services it runs.
+//! Incoming HTTP (SPEC §10, "Incoming HTTP"): the host's one listener on `http-addr`,
+//! accepting only while a leadership of this host runs HTTP services (a standby does not
+//! accept), and the routes of the services it runs.
 //!
+//! - The listening socket is the machine's hosts' together (`socket`): got once, when the
+//!   host starts ([`HttpServer::share`]), from systemd or from a host holding it, or bound.
+//!   Where it cannot be shared, each leadership binds the address itself (again and again
+//!   while it is taken: a stalled former leader may still hold it).
 //! - A leadership registers each HTTP service it starts ([`HttpServer::register`]) with its
-//!   environment (lease, deadline, stop signal); the first registration opens the listener
-//!   (binding again until the address is free: a stalled former leader may still hold it).
-//! - Stopping unregisters first ([`HttpServer::unregister`]): with the last route the
-//!   listener closes (stop accepting), open connections finish the request in progress within
-//!   the grace period and are dropped after it, then the service's calls still running end
-//!   (they are bounded by the grace period too); only then are the services stopped and the
-//!   lease released (SPEC §5 order).
+//!   environment (lease, deadline, stop signal); the first registration starts accepting.
+//!   Accepting stops at once when the lease deadline passes (a leader resumed after a
+//!   SIGSTOP takes nothing more from the queue; what it took is answered 503).
+//! - Stopping unregisters first ([`HttpServer::unregister`]): with the last route accepting
+//!   stops (on a shared socket what is queued waits for the next leader; an own listener
+//!   closes), open connections finish the request in progress within the grace period and
+//!   are dropped after it, then the service's calls still running end (they are bounded by
+//!   the grace period too); only then are the services stopped and the lease released
+//!   (SPEC §5 order).
 //! - `serve`: one request; `body`: its response under the lease.
 
 mod body;
 mod serve;
+mod socket;
+
+pub(crate) use socket::{ShareError, SharedSocket, other_addresses};
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
@@ -138,6 +147,11 @@ pub(crate) struct HttpServer {
     /// Services whose route a new version took over, with calls maybe still running: the
     /// next [`HttpServer::unregister`] waits for them too.
     retired: Mutex<Vec<Arc<Entry>>>,
+    /// `http-addr`'s socket, shared with the other hosts of this machine, once it is got;
+    /// without it each leadership binds the address itself.
+    socket: std::sync::OnceLock<SharedSocket>,
+    /// Reads the shared socket's queue into `/metrics` while it is held.
+    queue_gauge: Mutex<Option<AbortOnDropHandle<()>>>,
 }
 
 impl HttpServer {
@@ -151,7 +165,36 @@ impl HttpServer {
             }),
             listening: Mutex::default(),
             retired: Mutex::default(),
+            socket: std::sync::OnceLock::new(),
+            queue_gauge: Mutex::default(),
         }
+    }
+
+    /// Accepts from `socket`, shared with the other hosts of this machine, from now on (from
+    /// the next leadership's first registration), and reports its queue every second. Once:
+    /// a second socket is refused (returned).
+    ///
+    /// # Errors
+    /// The socket, if one was given already.
+    pub(crate) fn share(&self, socket: SharedSocket) -> Result<(), SharedSocket> {
+        self.socket.set(socket)?;
+        let shared = Arc::clone(&self.shared);
+        let socket = self.socket.get().and_then(|s| s.accepting().ok());
+        if let Some(socket) = socket {
+            let gauge = tokio::spawn(async move {
+                let mut every = tokio::time::interval(Duration::from_secs(1));
+                loop {
+                    every.tick().await;
+                    let depth = socket::queue_depth(std::os::fd::AsFd::as_fd(&socket));
+                    shared.rt.ops.http_listen_queue(depth);
+                }
+            });
+            *self
+                .queue_gauge
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(AbortOnDropHandle::new(gauge));
+        }
+        Ok(())
     }
 
     /// Serves the HTTP service `env.name` (component `pre`) under `env`'s lease from now on,
@@ -205,10 +248,18 @@ impl HttpServer {
         }
         if listening.is_none() {
             let stop = CancellationToken::new();
+            let socket = match self.socket.get().map(SharedSocket::accepting) {
+                Some(Ok(socket)) => Some(socket),
+                Some(Err(e)) => {
+                    tracing::error!(error = %e, "http-addr's shared socket cannot be used; binding it here");
+                    None
+                }
+                None => None,
+            };
             let task = tokio::spawn(listen(
-                addr,
+                Listener { addr, socket },
                 Arc::clone(&self.shared),
-                stop.clone(),
+                (stop.clone(), env.deadline.clone()),
                 rt.config.grace_period,
             ));
             *listening = Some(Listening {
@@ -268,23 +319,58 @@ impl HttpServer {
     }
 }
 
-/// Binds `addr` (again and again while it is taken), then accepts and serves connections
-/// until `stop`; then closes the listener first, and lets the connections finish their
-/// request in progress within `grace`.
-async fn listen(addr: SocketAddr, shared: Arc<Shared>, stop: CancellationToken, grace: Duration) {
-    let Some(listener) = bind(addr, &stop).await else {
-        return;
+/// Where a leadership accepts: the shared socket, or `addr` bound here.
+struct Listener {
+    addr: SocketAddr,
+    /// A descriptor of the machine's shared socket, if it is shared.
+    socket: Option<std::net::TcpListener>,
+}
+
+/// Accepts and serves connections until `stop`, or, for new connections, until `deadline`
+/// passes; then lets the connections finish their request in progress within `grace`. On a
+/// shared socket, what is queued is left for the next leader; an own listener (bound here,
+/// again and again while the address is taken) is closed first, and the connections the
+/// kernel completed before the close are taken and answered.
+async fn listen(
+    listener: Listener,
+    shared: Arc<Shared>,
+    (stop, deadline): (CancellationToken, crate::lease::LeaseDeadline),
+    grace: Duration,
+) {
+    let Listener { addr, socket } = listener;
+    let shared_socket = socket.is_some();
+    let listener = match socket {
+        Some(socket) => match TcpListener::from_std(socket) {
+            Ok(listener) => listener,
+            Err(e) => {
+                tracing::error!(%addr, error = %e, "http-addr's shared socket cannot be used");
+                return;
+            }
+        },
+        None => match bind(addr, &stop).await {
+            Some(listener) => listener,
+            None => return,
+        },
     };
     let local = listener.local_addr().unwrap_or(addr);
-    tracing::info!(addr = %local, "http listening");
+    tracing::info!(addr = %local, shared = shared_socket, "http listening");
     let closing = CancellationToken::new();
     let mut connections = JoinSet::new();
+    let passed = deadline.passed();
+    tokio::pin!(passed);
+    let mut accepting = true;
     loop {
         tokio::select! {
             biased;
             () = stop.cancelled() => break,
-            accepted = listener.accept() => match accepted {
+            // Before the accept: a leader resumed after its deadline takes nothing more.
+            () = &mut passed, if accepting => {
+                accepting = false;
+                tracing::warn!(addr = %local, "http accepting stopped: the lease deadline passed");
+            }
+            accepted = listener.accept(), if accepting => match accepted {
                 Ok((stream, _)) => {
+                    shared.rt.ops.http_connection_accepted();
                     let _ = stream.set_nodelay(true);
                     connections.spawn(connection(stream, Arc::clone(&shared), closing.clone()));
                 }
@@ -297,18 +383,25 @@ async fn listen(addr: SocketAddr, shared: Arc<Shared>, stop: CancellationToken, 
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
         }
     }
-    // Connections the kernel completed before the close are taken and answered, not reset.
-    if let Ok(listener) = listener.into_std() {
-        while let Ok((stream, _)) = listener.accept() {
-            if let Ok(stream) = stream
-                .set_nonblocking(true)
-                .and_then(|()| tokio::net::TcpStream::from_std(stream))
-            {
-                connections.spawn(connection(stream, Arc::clone(&shared), closing.clone()));
+    if shared_socket {
+        // The queue is the next leader's: this host only stops taking from it.
+        drop(listener);
+        tracing::info!(addr = %local, "http accepting stopped");
+    } else {
+        // Connections the kernel completed before the close are taken and answered, not
+        // reset.
+        if let Ok(listener) = listener.into_std() {
+            while let Ok((stream, _)) = listener.accept() {
+                if let Ok(stream) = stream
+                    .set_nonblocking(true)
+                    .and_then(|()| tokio::net::TcpStream::from_std(stream))
+                {
+                    connections.spawn(connection(stream, Arc::clone(&shared), closing.clone()));
+                }
             }
         }
+        tracing::info!(addr = %local, "http listener closed");
     }
-    tracing::info!(addr = %local, "http listener closed");
     closing.cancel();
     let drained = tokio::time::timeout(grace, async {
         while connections.join_next().await.is_some() {}
