@@ -1,7 +1,8 @@
 //! Incoming HTTP (SPEC §10): requests per second and p50/p99 latency of a hello-world
 //! `wasi:http/proxy` component (`test/http-hello`) served by `vvm-host serve` (fencing on,
 //! as always) beside `wasmtime serve` on the same component under the same load, in one run;
-//! then the time from a graceful stop of the leader to the first 200 from its successor.
+//! then the time from a graceful stop (SIGTERM) of the leader, and from its freezing
+//! (SIGSTOP), to the first 200 from its successor, with the requests refused or unanswered.
 //!
 //! Set-up (once, not in CI): `cargo install --locked wasmtime-cli@48.0.8` and `wrk` (Debian's
 //! package). Run: `cargo bench -p vvm-host --bench incoming_http`. `WASMTIME=PATH` picks the
@@ -10,15 +11,15 @@
 //!
 //! Load: `wrk -t2 -c32 -d10s --latency`, the two servers in turn, [`ROUNDS`] times each, after
 //! a warm-up of each. Takeover: two hosts share one `--http-addr`; clients ask without a
-//! pause, each request on a new connection; the gap is from SIGTERM to the leader to the
-//! first 200 carrying the successor's term, on the bench's own clock.
+//! pause, each request on a new connection; the gap is from SIGTERM (or SIGSTOP) to the
+//! leader to the first 200 carrying the successor's term, on the bench's own clock.
 
-use std::io::{Read as _, Write as _};
+use std::io::{ErrorKind, Read as _, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use rustix::process::Signal;
@@ -31,6 +32,9 @@ const BIN: &str = env!("CARGO_BIN_EXE_vvm-host");
 const ROUNDS: usize = 3;
 /// Graceful takeovers measured, after one warm-up.
 const TAKEOVERS: usize = 10;
+/// Takeovers from a stopped (SIGSTOP) leader measured, after one warm-up: each waits out a
+/// lease.
+const FROZEN_TAKEOVERS: usize = 3;
 /// Clients asking during a takeover.
 const CLIENTS: usize = 4;
 
@@ -57,7 +61,8 @@ fn main() {
         stateful_beside_stateless(dir.path());
         std::fs::remove_file(counter).expect("remove the counter");
     }
-    takeovers(dir.path());
+    takeovers(dir.path(), Stop::Graceful, TAKEOVERS);
+    takeovers(dir.path(), Stop::Frozen, FROZEN_TAKEOVERS);
 }
 
 /// The `rust-http` example (every GET an increment in the store, group-committed) beside the
@@ -275,59 +280,114 @@ fn millis(text: &str) -> Option<f64> {
     number.parse::<f64>().ok().map(|n| n * scale)
 }
 
-/// One GET on a new connection: the term of a 200, if it was one.
-fn ask(addr: SocketAddr) -> Option<u64> {
-    let mut stream = TcpStream::connect(addr).ok()?;
-    stream
+/// How one request of a takeover's clients ended.
+enum Asked {
+    /// 200 under this term.
+    Ok(u64),
+    /// The connection was refused: no host held the address.
+    Refused,
+    /// No answer within the client's 10 s.
+    Hung,
+    /// Anything else (a 503, a cut response).
+    Other,
+}
+
+/// One GET on a new connection.
+fn ask(addr: SocketAddr) -> Asked {
+    let Ok(mut stream) = TcpStream::connect(addr) else {
+        return Asked::Refused;
+    };
+    if stream
         .set_read_timeout(Some(Duration::from_secs(10)))
-        .ok()?;
-    stream
-        .write_all(b"GET /hello/n HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
-        .ok()?;
+        .is_err()
+        || stream
+            .write_all(b"GET /hello/n HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .is_err()
+    {
+        return Asked::Other;
+    }
     let mut out = Vec::new();
-    stream.read_to_end(&mut out).ok()?;
+    match stream.read_to_end(&mut out) {
+        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+            return Asked::Hung;
+        }
+        Err(_) => return Asked::Other,
+        Ok(_) => {}
+    }
     let text = String::from_utf8_lossy(&out);
     if !text.starts_with("HTTP/1.1 200") {
-        return None;
+        return Asked::Other;
     }
     text.lines()
         .find_map(|l| l.strip_prefix("vvm-fencing-token: "))
         .and_then(|t| t.trim().parse().ok())
+        .map_or(Asked::Other, Asked::Ok)
 }
 
-/// Graceful takeovers under clients asking without a pause: SIGTERM to the first 200 of the
-/// new term.
-fn takeovers(dir: &Path) {
+/// How the leader is stopped in [`takeovers`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// SIGTERM: it stops accepting, answers what it holds and releases the lease.
+    Graceful,
+    /// SIGSTOP: it keeps its lease until the lease runs out (L = 2 s), and holds what it had
+    /// accepted; killed (SIGKILL) once its successor answers.
+    Frozen,
+}
+
+/// Takeovers under clients asking without a pause: from the signal to the leader to the
+/// first 200 of the new term, and the requests refused, hung (no answer in 10 s) or answered
+/// otherwise (a 503, or a response cut) over all the rounds.
+fn takeovers(dir: &Path, how: Stop, rounds: usize) {
     let addr = free_addr();
     let mut leader = serve("t0", dir, addr);
     leader.wait_for(&["http listening"]);
     let mut standby = serve("t1", dir, addr);
     standby.wait_for(&["campaigning"]);
     let newest = Mutex::new((0u64, Instant::now()));
+    let (refused, hung, other) = (
+        AtomicUsize::new(0),
+        AtomicUsize::new(0),
+        AtomicUsize::new(0),
+    );
     let done = AtomicBool::new(false);
     let mut gaps = Vec::new();
     std::thread::scope(|s| {
         for _ in 0..CLIENTS {
             s.spawn(|| {
                 while !done.load(Ordering::SeqCst) {
-                    if let Some(term) = ask(addr) {
-                        let mut newest = newest.lock().expect("lock");
-                        if term > newest.0 {
-                            *newest = (term, Instant::now());
+                    let count = match ask(addr) {
+                        Asked::Ok(term) => {
+                            let mut newest = newest.lock().expect("lock");
+                            if term > newest.0 {
+                                *newest = (term, Instant::now());
+                            }
+                            continue;
                         }
-                    }
+                        Asked::Refused => &refused,
+                        Asked::Hung => &hung,
+                        Asked::Other => &other,
+                    };
+                    count.fetch_add(1, Ordering::SeqCst);
                 }
             });
         }
-        for round in 0..=TAKEOVERS {
+        for round in 0..=rounds {
             let (term, _) = wait_for_term(&newest, |t| t > 0);
             let stopped = Instant::now();
-            leader.signal(Signal::TERM);
+            leader.signal(match how {
+                Stop::Graceful => Signal::TERM,
+                Stop::Frozen => Signal::STOP,
+            });
             let (_, at) = wait_for_term(&newest, |t| t > term);
             if round > 0 {
                 gaps.push(at.duration_since(stopped));
             }
-            assert!(leader.wait_exit().success(), "leader exit");
+            if how == Stop::Frozen {
+                leader.signal(Signal::KILL);
+                leader.wait_exit();
+            } else {
+                assert!(leader.wait_exit().success(), "leader exit");
+            }
             let name: &'static str = Box::leak(format!("t{}", round + 2).into_boxed_str());
             leader = std::mem::replace(&mut standby, serve(name, dir, addr));
             standby.wait_for(&["campaigning"]);
@@ -336,18 +396,25 @@ fn takeovers(dir: &Path) {
     });
     gaps.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let what = match how {
+        Stop::Graceful => "SIGTERM",
+        Stop::Frozen => "SIGSTOP",
+    };
     println!(
-        "\nGraceful stop to the first 200 of the new leader, {TAKEOVERS} takeovers under {CLIENTS} \
-         clients (new connection per request):\n"
+        "\n{what} to the leader to the first 200 of the new leader, {rounds} takeovers (after a \
+         warm-up) under {CLIENTS} clients (new connection per request):\n"
     );
-    println!("| median | p90 | min | max |");
-    println!("|---|---|---|---|");
+    println!("| median | p90 | min | max | refused | hung | 503 or cut |");
+    println!("|---|---|---|---|---|---|---|");
     println!(
-        "| {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms |",
+        "| {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms | {} | {} | {} |",
         ms(gaps[gaps.len() / 2]),
         ms(gaps[gaps.len() * 9 / 10]),
         ms(gaps[0]),
-        ms(gaps[gaps.len() - 1])
+        ms(gaps[gaps.len() - 1]),
+        refused.load(Ordering::SeqCst),
+        hung.load(Ordering::SeqCst),
+        other.load(Ordering::SeqCst),
     );
 }
 
