@@ -2,8 +2,9 @@
 //! the optional HTTP endpoint (`--metrics-addr`) serving `/healthz`, `/leader` and `/metrics`.
 //!
 //! - `health`: [`Health`], the step deadlines that tell a wedged host (`/healthz`).
-//! - `metrics`: the Prometheus metrics (`/metrics`); `commits`, `incoming` and `outgoing` the
-//!   series of the group commit and of HTTP in and out.
+//! - `metrics`: the Prometheus metrics (`/metrics`), with the services' series; `lease`,
+//!   `kv`, `outgoing` and `incoming` the series of the lease, of the guests' key-value writes
+//!   and their group commit, and of HTTP out and in.
 //! - `http`: the endpoint, on a thread of its own ([`Endpoint`]).
 //!
 //! `vvm-host serve` makes one [`Ops`] and hands a clone to each layer that reports (the VVM,
@@ -12,16 +13,18 @@
 //! atomic update or a watch-channel write, so reporting never waits on a scrape, and a scrape
 //! never holds anything the renewal path needs.
 
-mod commits;
 mod health;
 mod http;
 mod incoming;
+mod kv;
+mod lease;
 mod metrics;
 mod outgoing;
 
 pub use health::Health;
 pub use http::{Endpoint, EndpointError};
-pub use metrics::{KvLimit, KvOutcome, RenewalOutcome};
+pub use kv::{KvLimit, KvOutcome};
+pub use lease::RenewalOutcome;
 pub use outgoing::HttpOutcome;
 
 use std::sync::Arc;
@@ -33,7 +36,8 @@ use tokio::sync::watch;
 use crate::clock::Clock;
 use crate::lease::LeaseDeadline;
 use crate::store::Term;
-use metrics::{Metrics, SlotLabels};
+use lease::SlotLabels;
+use metrics::Metrics;
 
 /// The lease this host leads under, as `/leader` and the lease gauges show it.
 #[derive(Clone, Debug)]
@@ -90,11 +94,12 @@ impl Ops {
 
     /// A slot was acquired and services start under it.
     pub fn leading(&self, slot: u32, term: Term, deadline: LeaseDeadline) {
-        self.inner.metrics.takeovers.inc();
+        self.inner.metrics.lease.takeovers.inc();
         let labels = SlotLabels { slot };
         self.inner
             .metrics
-            .lease_term
+            .lease
+            .term
             .get_or_create(&labels)
             .set(i64::try_from(term).unwrap_or(i64::MAX));
         self.inner.leader.send_replace(Some(Leader {
@@ -121,12 +126,12 @@ impl Ops {
 
     /// One renewal attempt ended with `outcome` after `took`.
     pub fn renewal(&self, outcome: RenewalOutcome, took: Duration) {
-        self.inner.metrics.renewal(outcome, took);
+        self.inner.metrics.lease.renewal(outcome, took);
     }
 
     /// The killer was armed (`true`) or disarmed.
     pub fn killer_armed(&self, armed: bool) {
-        self.inner.metrics.killer_armed.set(i64::from(armed));
+        self.inner.metrics.lease.killer_armed.set(i64::from(armed));
     }
 
     /// A service instance runs until the returned guard is dropped.
@@ -175,12 +180,12 @@ impl Ops {
 
     /// A key-value call of `service` was refused by `limit`.
     pub fn kv_limited(&self, service: &str, limit: KvLimit) {
-        self.inner.metrics.kv_limited(service, limit);
+        self.inner.metrics.kv.limited(service, limit);
     }
 
     /// A key-value write of `service` ended with `outcome`.
     pub fn kv_write(&self, service: &str, outcome: KvOutcome) {
-        self.inner.metrics.kv_write(service, outcome);
+        self.inner.metrics.kv.write(service, outcome);
     }
 
     /// A batch of guests' key-value writes was committed (or failed), as `report` says.
@@ -227,13 +232,14 @@ impl Ops {
         if let Some(last) = self.inner.leader.borrow().clone() {
             let labels = SlotLabels { slot: last.slot };
             let current = *self.inner.leading.borrow() && last.is_valid();
-            m.lease_held.get_or_create(&labels).set(i64::from(current));
+            m.lease.held.get_or_create(&labels).set(i64::from(current));
             let left = if current {
                 last.deadline.time_left().unwrap_or_default()
             } else {
                 Duration::ZERO
             };
-            m.lease_time_left
+            m.lease
+                .time_left
                 .get_or_create(&labels)
                 .set(left.as_secs_f64());
         }
