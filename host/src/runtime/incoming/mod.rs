@@ -358,17 +358,19 @@ async fn listen(
     let mut connections = JoinSet::new();
     let passed = deadline.passed();
     tokio::pin!(passed);
-    let mut accepting = true;
     loop {
         tokio::select! {
             biased;
             () = stop.cancelled() => break,
-            // Before the accept: a leader resumed after its deadline takes nothing more.
-            () = &mut passed, if accepting => {
-                accepting = false;
+            // Before the accept: a leader resumed after its deadline takes nothing more from
+            // the shared queue, which is its successor's. (A socket of its own it keeps until
+            // the stop: nobody else can take from it, and what it accepts past the deadline is
+            // answered 503.)
+            () = &mut passed, if shared_socket => {
                 tracing::warn!(addr = %local, "http accepting stopped: the lease deadline passed");
+                break;
             }
-            accepted = listener.accept(), if accepting => match accepted {
+            accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
                     shared.rt.ops.http_connection_accepted();
                     let _ = stream.set_nodelay(true);
@@ -386,7 +388,9 @@ async fn listen(
     if shared_socket {
         // The queue is the next leader's: this host only stops taking from it.
         drop(listener);
-        tracing::info!(addr = %local, "http accepting stopped");
+        if !deadline.has_passed() {
+            tracing::info!(addr = %local, "http accepting stopped");
+        }
     } else {
         // Connections the kernel completed before the close are taken and answered, not
         // reset.
