@@ -20,7 +20,7 @@ use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 use wasmtime_wasi_http::p2::types::{HostIncomingRequest, HostResponseOutparam};
 use wasmtime_wasi_http::{Error, WasiHttpView as _};
 
-use super::body::LeasedBody;
+use super::body;
 use super::{Entry, Routed, Shared};
 use crate::ops::RunningGuard;
 use crate::runtime::fence::Fenced;
@@ -176,7 +176,7 @@ fn answer(
             parts
                 .headers
                 .insert(TOKEN_HEADER, HeaderValue::from(entry.env.lease.term));
-            let body = LeasedBody::new(body, entry.env.deadline.clone(), timeout_at, broken);
+            let body = body::leased(body, entry.env.deadline.clone(), timeout_at, broken);
             Ok(Response::from_parts(parts, body.boxed_unsync()))
         }
         Ok(Err(code)) => {

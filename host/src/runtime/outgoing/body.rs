@@ -1,18 +1,21 @@
-//! The bodies of an outgoing exchange, fenced (SPEC §6, §10). The guest's writes to a request
-//! body go through a channel to the task that sends them, which may run after the deadline:
-//! [`FencedBody`] checks it for every frame it hands to the connection. A response body
-//! ([`ResponseBody`]) stops at the deadline too, and when nothing arrives for the
-//! between-bytes timeout.
+//! The bodies of an outgoing exchange, fenced (SPEC §6, §10), each a [`DeadlineBody`]. The
+//! guest's writes to a request body go through a channel to the task that sends them, which
+//! may run after the deadline: the request body ([`Sent`]) is checked for every frame it
+//! hands to the connection, so a frame the guest wrote in time but that would be sent late is
+//! dropped, and the request with it. A response body as the guest reads it ([`Quiet`]) ends
+//! at the deadline too, and when nothing arrives for the between-bytes timeout.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http_body_util::BodyExt as _;
-use hyper::body::{Body, Bytes, Frame, Incoming, SizeHint};
+use http_body_util::combinators::MapErr;
+use hyper::body::Incoming;
 use wasmtime_wasi_http::{Error, WasiBody};
 
 use crate::lease::LeaseDeadline;
+use crate::runtime::fence::{BodyEnds, DeadlineBody};
 
 /// The error an exchange ends with once the lease deadline has passed.
 pub(super) fn fenced() -> Error {
@@ -21,102 +24,60 @@ pub(super) fn fenced() -> Error {
     ))
 }
 
-/// A request body whose every frame is checked against the deadline just before it goes to
-/// the connection: a frame the guest wrote in time but that would be sent late is dropped,
-/// and the request with it.
-pub(super) struct FencedBody {
-    pub inner: WasiBody,
-    pub deadline: LeaseDeadline,
-}
+/// A request body: only the deadline ends it.
+pub(super) struct Sent;
 
-impl Body for FencedBody {
-    type Data = Bytes;
+impl BodyEnds for Sent {
     type Error = Error;
 
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
-        if self.deadline.has_passed() {
-            return Poll::Ready(Some(Err(fenced())));
-        }
-        let frame = std::task::ready!(Pin::new(&mut self.inner).poll_frame(cx));
-        // The frame may have waited in the channel past the deadline.
-        if frame.is_some() && self.deadline.has_passed() {
-            return Poll::Ready(Some(Err(fenced())));
-        }
-        Poll::Ready(frame)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+    fn fenced(&self) -> Error {
+        fenced()
     }
 }
 
-/// A response body as the guest reads it: ends in an error once the deadline has passed, or
-/// when nothing arrives for `between_bytes`.
-pub(super) struct ResponseBody {
-    incoming: Incoming,
-    deadline: LeaseDeadline,
+/// The guest's request body `inner`, every frame checked against `deadline` just before it
+/// goes to the connection.
+pub(super) fn request(inner: WasiBody, deadline: LeaseDeadline) -> DeadlineBody<WasiBody, Sent> {
+    DeadlineBody::new(inner, deadline, Sent)
+}
+
+/// A response body: ends when nothing arrives for `between_bytes`.
+pub(super) struct Quiet {
     between_bytes: Duration,
     quiet: Pin<Box<tokio::time::Sleep>>,
 }
 
-impl ResponseBody {
-    pub(super) fn new(
-        incoming: Incoming,
-        deadline: LeaseDeadline,
-        between_bytes: Duration,
-    ) -> Self {
-        Self {
-            incoming,
-            deadline,
-            between_bytes,
-            quiet: Box::pin(tokio::time::sleep(between_bytes)),
-        }
+impl BodyEnds for Quiet {
+    type Error = Error;
+
+    fn fenced(&self) -> Error {
+        fenced()
     }
 
-    /// As the guest's side of `wasi:http` takes it.
-    pub(super) fn boxed(self) -> WasiBody {
-        self.boxed_unsync()
+    fn framed(&mut self) {
+        let next = tokio::time::Instant::now() + self.between_bytes;
+        self.quiet.as_mut().reset(next);
+    }
+
+    fn poll_ended(&mut self, cx: &mut Context<'_>) -> Poll<Error> {
+        self.quiet
+            .as_mut()
+            .poll(cx)
+            .map(|()| Error::ConnectionReadTimeout)
     }
 }
 
-impl Body for ResponseBody {
-    type Data = Bytes;
-    type Error = Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
-        if self.deadline.has_passed() {
-            return Poll::Ready(Some(Err(fenced())));
-        }
-        match Pin::new(&mut self.incoming).poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => {
-                let next = tokio::time::Instant::now() + self.between_bytes;
-                self.quiet.as_mut().reset(next);
-                Poll::Ready(Some(Ok(frame)))
-            }
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Error::Hyper(e)))),
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => {
-                std::task::ready!(self.quiet.as_mut().poll(cx));
-                Poll::Ready(Some(Err(Error::ConnectionReadTimeout)))
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.incoming.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.incoming.size_hint()
-    }
+/// The response body `incoming` as the guest's side of `wasi:http` takes it: ends in an error
+/// once `deadline` has passed, or when nothing arrives for `between_bytes`.
+pub(super) fn response(
+    incoming: Incoming,
+    deadline: LeaseDeadline,
+    between_bytes: Duration,
+) -> WasiBody {
+    let incoming: MapErr<Incoming, fn(hyper::Error) -> Error> = incoming.map_err(Error::Hyper);
+    let ends = Quiet {
+        between_bytes,
+        quiet: Box::pin(tokio::time::sleep(between_bytes)),
+    };
+    DeadlineBody::new(incoming, deadline, ends).boxed_unsync()
 }

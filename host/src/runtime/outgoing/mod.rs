@@ -12,7 +12,7 @@
 //!   and the response head are raced against the deadline ([`LeaseDeadline::passed`]) and
 //!   dropped when it passes; so is the connection's task, which sends the body and reads the
 //!   response body; every request-body frame is checked just before it goes out
-//!   ([`body::FencedBody`]), and the response body ends at the deadline.
+//!   (`body::request`), and the response body ends at the deadline.
 //! - What is left is what the kernel took before the deadline (the socket's send buffer), as
 //!   for a granted TCP socket. The fencing token closes it for a downstream that checks: every
 //!   request carries `vvm-fencing-token: <term>` and `vvm-lease: <key>`, which a guest can
@@ -41,7 +41,7 @@ use wasmtime_wasi_http::{
 };
 
 use allow::AllowList;
-use body::{FencedBody, ResponseBody, fenced};
+use body::fenced;
 use connect::Target;
 pub(crate) use handle::link_handle;
 
@@ -432,10 +432,7 @@ impl Exchange {
             || hyper::Uri::from_static("/"),
             |p| hyper::Uri::from(p.clone()),
         );
-        let body = FencedBody {
-            inner: body,
-            deadline: self.deadline.clone(),
-        };
+        let body = body::request(body, self.deadline.clone());
         let send = tokio::time::timeout(
             self.limits.first_byte_timeout,
             sender.send_request(Request::from_parts(parts, body)),
@@ -455,8 +452,8 @@ impl Exchange {
         };
         let deadline = self.deadline.clone();
         let between_bytes = self.limits.between_bytes_timeout;
-        let response = response
-            .map(|incoming| ResponseBody::new(incoming, deadline.clone(), between_bytes).boxed());
+        let response =
+            response.map(|incoming| body::response(incoming, deadline.clone(), between_bytes));
         let driver = drive(
             conn,
             conn_ended,
