@@ -9,8 +9,6 @@
 //! The services directory is followed while serving (SPEC §6): on leaders and standbys alike,
 //! so a standby that takes over runs the services as they are now, compiled already.
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,7 +24,7 @@ use crate::log_output::one_line;
 use crate::ops::Ops;
 use crate::placement::{MixedPlacement, Spread, SpreadConfig};
 use crate::problem::Problem;
-use crate::runtime::{RuntimeConfig, RuntimeError, ShareError, SharedSocket, WasmServices};
+use crate::runtime::{RuntimeConfig, RuntimeError, WasmServices};
 use crate::services::Services;
 use crate::store::{self, StoreError};
 use crate::vvm::{Vvm, VvmConfig};
@@ -95,9 +93,9 @@ pub async fn run(
         close(store, &settings.store).await;
         return Ok(());
     };
-    if let Some(addr) = settings.http_addr {
-        let dir = holder_locks.as_ref().map(|d| d.path().to_owned());
-        share_http_addr(addr, dir, &wasm).await;
+    if settings.http_addr.is_some() {
+        wasm.share_http(holder_locks.as_ref().map(|d| d.path().to_owned()))
+            .await;
     }
     let services: Arc<dyn Services> = Arc::clone(&wasm) as Arc<dyn Services>;
     let reloading = AbortOnDropHandle::new(tokio::spawn({
@@ -288,41 +286,6 @@ fn holder_locks(settings: &Settings) -> Result<Option<Arc<HolderLockDir>>, Serve
             tracing::warn!(error = %e, "no crash lock: after a crash standbys wait out the lease");
             Ok(None)
         }
-    }
-}
-
-/// Gets `http-addr`'s listening socket for `wasm`'s HTTP services, shared with the other
-/// hosts of this machine (SPEC §10): from systemd, else from a host in `dir` (the crash
-/// locks') that holds it, else bound here and served to the others. Where it cannot be
-/// shared, says so: each leadership then binds the address itself, and a stopped leader keeps
-/// it from its successor.
-async fn share_http_addr(addr: SocketAddr, dir: Option<PathBuf>, wasm: &WasmServices) {
-    let got = tokio::task::spawn_blocking(move || {
-        if let Some(socket) = SharedSocket::from_systemd(addr) {
-            return Some(Ok(socket));
-        }
-        let dir = dir?;
-        for other in crate::runtime::other_http_addresses(&dir, addr) {
-            tracing::warn!(%addr, other, "another host of this machine and store serves another http-addr: the two do not share a socket");
-        }
-        Some(SharedSocket::obtain(addr, &dir))
-    })
-    .await;
-    match got {
-        Ok(Some(Ok(socket))) => {
-            tracing::info!(%addr, from = %socket.source(), "http-addr shared with the hosts of this machine");
-            wasm.share_http(socket);
-        }
-        Ok(Some(Err(e @ ShareError::Taken { .. }))) => {
-            tracing::warn!(%addr, error = %e, "http-addr not shared: this host binds it when it leads, once it is free");
-        }
-        Ok(Some(Err(e))) => {
-            tracing::warn!(%addr, error = %e, "http-addr not shared: this host binds it when it leads");
-        }
-        Ok(None) => {
-            tracing::warn!(%addr, "http-addr not shared with the other hosts of this machine: no crash lock directory (lock-dir); a stopped leader keeps the address from its successor");
-        }
-        Err(e) => tracing::error!(%addr, error = %e, "sharing http-addr failed"),
     }
 }
 

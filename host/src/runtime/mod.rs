@@ -68,7 +68,6 @@ pub use check::{CheckReport, Note, check, help};
 pub use component::{LoadError, LoadErrorKind, LoadStats, ServiceKind};
 pub use config::{DirGrant, Grants, IncomingLimits, KvLimits, RestartPolicy, RuntimeConfig};
 pub use handles::raise_descriptor_limit;
-pub(crate) use incoming::{ShareError, SharedSocket, other_addresses as other_http_addresses};
 pub use outgoing::{HttpPolicy, LEASE_HEADER, OutgoingLimits, TOKEN_HEADER};
 pub use wasm_services::WasmServices;
 

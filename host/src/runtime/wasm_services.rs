@@ -14,7 +14,7 @@ use super::cache;
 use super::component::{self, Compiler, LoadError, LoadStats, Loaded, ServiceFile, ServiceKind};
 use super::engine::{self, Runtime};
 use super::imports;
-use super::incoming::{HttpServer, SharedSocket};
+use super::incoming::{self, HttpServer};
 use super::live_dir::{Catalogue, LiveDir};
 use super::progress::Progress;
 use super::reconcile;
@@ -148,11 +148,24 @@ impl WasmServices {
         ))
     }
 
-    /// Its HTTP services are served from `socket`, `http-addr`'s socket shared with the other
-    /// hosts of this machine, from the next leadership on (see `incoming`). Once.
-    pub(crate) fn share_http(&self, socket: SharedSocket) {
-        if self.http.share(socket).is_err() {
-            tracing::warn!("http-addr's socket was shared already; a second one is dropped");
+    /// Its HTTP services are served from `http-addr`'s socket shared with the other hosts of
+    /// this machine, from the next leadership on, if it can be shared (see `incoming`); `dir`
+    /// is the crash locks' directory, where the hosts hand it over. Once.
+    pub(crate) async fn share_http(&self, dir: Option<PathBuf>) {
+        let Some(addr) = self.rt.config.incoming_http.addr else {
+            return;
+        };
+        let got = tokio::task::spawn_blocking(move || incoming::share(addr, dir.as_deref())).await;
+        match got {
+            Ok(Some(socket)) => {
+                if self.http.share(socket).is_err() {
+                    tracing::warn!(
+                        "http-addr's socket was shared already; a second one is dropped"
+                    );
+                }
+            }
+            Ok(None) => {}
+            Err(e) => tracing::error!(%addr, error = %e, "sharing http-addr failed"),
         }
     }
 

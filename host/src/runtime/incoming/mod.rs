@@ -22,7 +22,7 @@ mod body;
 mod serve;
 mod socket;
 
-pub(crate) use socket::{ShareError, SharedSocket, other_addresses};
+pub(crate) use socket::{SharedSocket, other_addresses, share};
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};

@@ -184,6 +184,41 @@ impl SharedSocket {
     }
 }
 
+/// `addr`'s listening socket, shared with the other hosts of this machine (SPEC §10): from
+/// systemd, else from a host in `dir` (the crash locks') that holds it, else bound here and
+/// served to the others. Where it cannot be shared, says so and gives `None`: each leadership
+/// then binds the address itself, and a stopped leader keeps it from its successor. Blocks
+/// (see [`SharedSocket::obtain`]).
+pub(crate) fn share(addr: SocketAddr, dir: Option<&Path>) -> Option<SharedSocket> {
+    let got = match (SharedSocket::from_systemd(addr), dir) {
+        (Some(socket), _) => Ok(socket),
+        (None, None) => {
+            tracing::warn!(%addr, "http-addr not shared with the other hosts of this machine: no crash lock directory (lock-dir); a stopped leader keeps the address from its successor");
+            return None;
+        }
+        (None, Some(dir)) => {
+            for other in other_addresses(dir, addr) {
+                tracing::warn!(%addr, other, "another host of this machine and store serves another http-addr: the two do not share a socket");
+            }
+            SharedSocket::obtain(addr, dir)
+        }
+    };
+    match got {
+        Ok(socket) => {
+            tracing::info!(%addr, from = %socket.source(), "http-addr shared with the hosts of this machine");
+            Some(socket)
+        }
+        Err(e @ ShareError::Taken { .. }) => {
+            tracing::warn!(%addr, error = %e, "http-addr not shared: this host binds it when it leads, once it is free");
+            None
+        }
+        Err(e) => {
+            tracing::warn!(%addr, error = %e, "http-addr not shared: this host binds it when it leads");
+            None
+        }
+    }
+}
+
 /// The descriptor `raw` systemd passed, owned, if it is a socket listening on `addr`.
 ///
 /// Unavoidably `unsafe`: a descriptor inherited by number can only be borrowed or owned by
