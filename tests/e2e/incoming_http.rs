@@ -129,6 +129,67 @@ fn a_request_is_served_by_route_with_the_fencing_token_and_no_route_is_404() {
     stop(a);
 }
 
+/// Routes in Spin's syntax are served as Spin serves them, and the guest gets Spin's request
+/// headers: `:NAME` segments match one segment each (a literal beats a name, a name beats the
+/// wildcard), `spin-path-match-NAME` carries what each matched, `spin-path-info` what the
+/// wildcard did; a client's own `spin-*` headers never reach the guest. Before, the route
+/// `/users/:id/...` matched the text `:id` only: `/users/42/headers` was the host's 404.
+#[test]
+fn spin_routes_and_headers_reach_the_guest_as_spin_gives_them() {
+    let addr = free_addr();
+    let dir = hello_dir(
+        &["user", "admin", "all"],
+        "[service.user]\nroute = \"/users/:id/...\"\n[service.admin]\nroute = \"/users/admin/...\"\n\
+         [service.all]\nroute = \"/...\"\n",
+    );
+    let a = serve("a", dir.path(), addr);
+    a.wait_for(&["services started"]);
+    let forged = "GET /users/42/x/headers?q=1 HTTP/1.1\r\nhost: example.test\r\n\
+                  spin-path-match-id: 0\r\nspin-path-info: /forged\r\nspin-evil: 1\r\n\
+                  connection: close\r\n\r\n";
+    let answer = testkit::http::exchange(addr, forged.as_bytes());
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
+    let lines: Vec<&str> = body.lines().filter(|l| l.starts_with("spin-")).collect();
+    let want = [
+        "spin-base-path: /",
+        "spin-client-addr: 127.0.0.1:",
+        "spin-component-route: /users/:id",
+        "spin-full-url: http://example.test/users/42/x/headers?q=1",
+        "spin-matched-route: /users/:id/...",
+        "spin-path-info: /x/headers",
+        "spin-path-match-id: 42",
+        "spin-raw-component-route: /users/:id/...",
+    ];
+    assert_eq!(lines.len(), want.len(), "{body}");
+    for (line, want) in lines.iter().zip(want) {
+        // The client's port is the one value not known here.
+        let whole = *line == want || want.ends_with(':') && line.starts_with(want);
+        assert!(whole, "{line:?} is not {want:?}: {body}");
+    }
+    assert!(
+        lines
+            .iter()
+            .all(|l| !l.contains("forged") && !l.starts_with("spin-evil")),
+        "{body}"
+    );
+    // The literal beats the name, the name beats the wildcard.
+    let (status, _, body) = get(addr, "/users/admin/headers");
+    assert_eq!(status, 200);
+    assert!(
+        body.contains("spin-matched-route: /users/admin/...\n"),
+        "{body}"
+    );
+    let (status, _, body) = get(addr, "/users/7");
+    assert_eq!(status, 200);
+    assert_eq!(body, "hello from /users/7");
+    let (status, _, body) = get(addr, "/other/headers");
+    assert_eq!(status, 200);
+    assert!(body.contains("spin-matched-route: /...\n"), "{body}");
+    assert!(body.contains("spin-component-route: \n"), "{body}");
+    stop(a);
+}
+
 /// A standby does not accept: another standby's own address holds the connection it is
 /// given unanswered (the standby holds the socket for when it leads, and accepts nothing), and
 /// one on the leader's address never listens while the leader leads (only the leader answers,

@@ -4,6 +4,7 @@
 //! - `wait`: answers after a minute (holding a place in its service's concurrency);
 //! - `slow`: answers `200` at once, then streams `chunk N\n` for N in 1..=500, one every
 //!   20 ms (a response in progress for ten seconds);
+//! - `headers`: `200` with the request's `spin-*` headers, a `NAME: VALUE` line each, sorted;
 //! - anything else: `200` with the body `hello from <path>` (the path and query as
 //!   received), written in two pieces so that the body is streamed.
 
@@ -42,6 +43,16 @@ impl Guest for Hello {
         }
         let pieces: Vec<String> = if last == Some("slow") {
             (1..=500).map(|n| format!("chunk {n}\n")).collect()
+        } else if last == Some("headers") {
+            let mut lines: Vec<String> = request
+                .headers()
+                .entries()
+                .into_iter()
+                .filter(|(name, _)| name.starts_with("spin-"))
+                .map(|(name, value)| format!("{name}: {}\n", String::from_utf8_lossy(&value)))
+                .collect();
+            lines.sort();
+            lines
         } else {
             vec!["hello from ".to_owned(), path.clone()]
         };
