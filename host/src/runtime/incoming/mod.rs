@@ -21,6 +21,7 @@
 mod body;
 mod serve;
 mod socket;
+mod spin;
 
 pub(crate) use socket::{SharedSocket, other_addresses, share};
 
@@ -462,9 +463,10 @@ async fn connection(
     let limits = shared.rt.config.incoming_http;
     let asked = Arc::new(Notify::new());
     let first = Arc::clone(&asked);
+    let client = stream.peer_addr().ok();
     let service = hyper::service::service_fn(move |req| {
         first.notify_one();
-        serve::serve(Arc::clone(&shared), req)
+        serve::serve(Arc::clone(&shared), req, client)
     });
     let conn = http1::Builder::new()
         .keep_alive(true)

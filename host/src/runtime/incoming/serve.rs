@@ -2,6 +2,7 @@
 //! service's concurrency), a fresh store and instance of the service's pre-instantiated
 //! component, the handler's call on a task of its own, and the response under the lease.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,8 +21,8 @@ use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 use wasmtime_wasi_http::p2::types::{HostIncomingRequest, HostResponseOutparam};
 use wasmtime_wasi_http::{Error, WasiHttpView as _};
 
-use super::body;
 use super::{Entry, Routed, Shared};
+use super::{body, spin};
 use crate::ops::RunningGuard;
 use crate::runtime::fence::Fenced;
 use crate::runtime::imports::new_store;
@@ -57,13 +58,16 @@ fn unavailable(text: &'static str) -> Response<HyperOutgoingBody> {
 /// Serves `req`: the route's service's handler, or the host's 404 or 503.
 pub(super) async fn serve(
     shared: Arc<Shared>,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
+    client: Option<SocketAddr>,
 ) -> Result<Response<HyperOutgoingBody>, Aborted> {
     let entry = match shared.route(req.uri().path()) {
         Routed::Here(entry) => entry,
         Routed::Elsewhere => return Ok(unavailable("not served by this host now\n")),
         Routed::Nowhere => return Ok(plain(StatusCode::NOT_FOUND, "no route\n")),
     };
+    let uri = req.uri().clone();
+    spin::set_headers(req.headers_mut(), &entry.route, &uri, client);
     let admitted = Instant::now();
     let answer = handle(&shared, entry.clone(), req).await;
     let status = answer.as_ref().ok().map(|r| r.status().as_u16());
