@@ -288,6 +288,35 @@ mod tests {
     }
 
     #[test]
+    fn spins_outbound_imports_are_named_as_not_offered() {
+        for (import, what) in [
+            ("fermyon:spin/redis@2.0.0", "Redis"),
+            ("fermyon:spin/postgres@2.0.0", "PostgreSQL"),
+            ("fermyon:spin/mysql@2.0.0", "MySQL"),
+            ("fermyon:spin/sqlite@2.0.0", "SQLite"),
+            ("fermyon:spin/llm@2.0.0", "LLM"),
+            ("fermyon:spin/mqtt@2.0.0", "MQTT"),
+            ("spin:postgres/postgres@4.0.0", "PostgreSQL"),
+            ("spin:sqlite/sqlite@3.0.0", "SQLite"),
+        ] {
+            let help = import_help(&format!(
+                "component imports instance `{import}`, but a matching implementation was not \
+                 found in the linker"
+            ));
+            assert!(
+                help.starts_with(&format!("`{import}` is Spin's outbound {what}")),
+                "{help}"
+            );
+            assert!(help.contains("wasi:keyvalue"), "{help}");
+        }
+        let other = import_help(
+            "component imports instance `fermyon:spin/other@2.0.0`, but a matching \
+             implementation was not found in the linker",
+        );
+        assert!(other.starts_with("remove the import"), "{other}");
+    }
+
+    #[test]
     fn an_http_addr_that_would_not_be_shared_is_named_with_what_to_do() {
         let dir = tempfile::tempdir().unwrap();
         let mut config = RuntimeConfig::new(dir.path());
