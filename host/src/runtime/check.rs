@@ -236,6 +236,9 @@ fn import_help(text: &str) -> String {
              0.2 interfaces"
         );
     }
+    if let Some(help) = spin_help(name, package) {
+        return help;
+    }
     let provided = PROVIDED_PACKAGES.contains(&package.split('/').next().unwrap_or(package));
     if provided {
         return format!(
@@ -248,6 +251,35 @@ fn import_help(text: &str) -> String {
         "remove the import of `{name}` (a library may pull it in) or build against \
          vvm-host's WIT; the host provides {PROVIDED}"
     )
+}
+
+/// What to do about `name` (of `package`, without its version) if it is one of Spin's
+/// interfaces that vvm-host does not link: the outbound databases, message brokers and
+/// models that a Spin SDK imports when a component uses them.
+fn spin_help(name: &str, package: &str) -> Option<String> {
+    let (namespace, rest) = package.split_once(':')?;
+    // `fermyon:spin/redis`, and the newer `spin:redis/redis` alike.
+    let what = match namespace {
+        "fermyon" => rest.strip_prefix("spin/")?,
+        "spin" => rest.split('/').next()?,
+        _ => return None,
+    };
+    let outbound = match what {
+        "redis" | "redis-types" => "Redis",
+        "mysql" => "MySQL",
+        "postgres" => "PostgreSQL",
+        "rdbms-types" => "relational database",
+        "sqlite" => "SQLite",
+        "llm" => "LLM inferencing",
+        "mqtt" => "MQTT",
+        _ => return None,
+    };
+    Some(format!(
+        "`{name}` is Spin's outbound {outbound}, which vvm-host does not offer: keep a \
+         service's state in its fenced key-value store (`wasi:keyvalue`), and reach other \
+         systems over outgoing HTTP (`http` grants); remove the use of that SDK module (the \
+         import goes with it)"
+    ))
 }
 
 #[cfg(test)]
