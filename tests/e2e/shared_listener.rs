@@ -89,9 +89,23 @@ impl Drop for StopOnDrop<'_> {
 
 /// Every answer, with the moment it ended.
 #[derive(Default)]
-struct Answers(Mutex<Vec<(Instant, Answer)>>);
+struct Answers(Mutex<Vec<(Instant, Answer)>>, Mutex<Vec<(Instant, Answer)>>);
 
 impl Answers {
+    /// Records `answer` to a request sent at `sent`.
+    fn push(&self, sent: Instant, answer: Answer) {
+        self.0
+            .lock()
+            .unwrap()
+            .push((Instant::now(), answer.clone()));
+        self.1.lock().unwrap().push((sent, answer));
+    }
+
+    /// Every answer, with the moment its request was sent.
+    fn by_sending(&self) -> Vec<(Instant, Answer)> {
+        self.1.lock().unwrap().clone()
+    }
+
     fn all(&self) -> Vec<(Instant, Answer)> {
         self.0.lock().unwrap().clone()
     }
@@ -129,20 +143,23 @@ fn a_stopped_leader_keeps_nothing_from_its_successor() {
     let answers = Answers::default();
     let done = AtomicBool::new(false);
     let (stopped_at, resumed_at, taken_over_at) = std::thread::scope(|s| {
+        let client = || {
+            while !done.load(Ordering::SeqCst) {
+                let sent = Instant::now();
+                answers.push(sent, ask(addr));
+            }
+        };
         for _ in 0..CLIENTS {
-            s.spawn(|| {
-                while !done.load(Ordering::SeqCst) {
-                    let answer = ask(addr);
-                    answers.0.lock().unwrap().push((Instant::now(), answer));
-                }
-            });
+            s.spawn(client);
         }
         // The clients stop when the scenario ends, or when it fails.
         let _done = StopOnDrop(&done);
         answers.first_ok_under(1);
         a.stop();
         let stopped_at = Instant::now();
-        let taken_over_at = answers.first_ok_under(2);
+        // Each client may be held by the stopped leader, which had accepted its request: one
+        // more, from now on, asks what the machine answers while the leader is stopped.
+        s.spawn(client);
         // The leader stays stopped for four leases: the scenario, not a wait for an event.
         std::thread::sleep((stopped_at + 4 * LEASE).saturating_duration_since(Instant::now()));
         let mark = a.mark();
@@ -156,6 +173,7 @@ fn a_stopped_leader_keeps_nothing_from_its_successor() {
                 &["killer fired"],
             ],
         );
+        let taken_over_at = answers.first_ok_under(2);
         let count = answers.all().len();
         while answers.all().len() < count + 50 {
             std::thread::sleep(Duration::from_millis(5));
@@ -190,14 +208,21 @@ fn a_stopped_leader_keeps_nothing_from_its_successor() {
         &bad[..bad.len().min(5)]
     );
     assert!(
-        count(|a| *a == Answer::Cut) <= CLIENTS,
-        "more connections cut than the stopped leader could hold"
+        count(|a| *a == Answer::Cut) + count(|a| *a == Answer::Unavailable) <= CLIENTS,
+        "more requests cut or refused than the stopped leader could hold"
     );
-    let late: Vec<_> = all
-        .iter()
-        .filter(|(at, a)| *at > resumed_at && *a == Answer::Ok(1))
+    // A response the leader had finished before it was stopped may reach its client only
+    // once it runs again (the last bytes were still to be written): that is no answer of the
+    // resumed leader. One to a request sent after the stop would be.
+    let late: Vec<_> = answers
+        .by_sending()
+        .into_iter()
+        .filter(|(sent, a)| *sent > stopped_at && *a == Answer::Ok(1))
         .collect();
-    assert!(late.is_empty(), "the resumed leader answered 200: {late:?}");
+    assert!(
+        late.is_empty(),
+        "the stopped leader answered 200 to a request sent after the stop: {late:?}"
+    );
     let shared = b.wait_for(&["http-addr shared with the hosts of this machine"]);
     assert!(shared.text.contains("the host of pid"), "{}", shared.text);
     let mut b = b;
