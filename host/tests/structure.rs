@@ -163,6 +163,7 @@ fn edges(
         let trimmed = line.trim_start();
         if let Some(name) = trimmed
             .strip_prefix("pub(crate) mod ")
+            .or_else(|| trimmed.strip_prefix("pub(super) mod "))
             .or_else(|| trimmed.strip_prefix("pub mod "))
             .or_else(|| trimmed.strip_prefix("mod "))
             .and_then(|rest| rest.strip_suffix('{'))
@@ -199,7 +200,16 @@ fn edges(
                 Some(tree) => use_paths(tree.split(';').next().unwrap_or("")),
                 None => inline_paths(&stmt),
             };
-            for path in paths {
+            for mut path in paths {
+                // A `use` of a child file module by its own name (`use body::x;` in a module
+                // with a `body.rs`) is a use of that file, as `self::body::x` would be.
+                let first = path.first().cloned().unwrap_or_default();
+                let child: Module = here.iter().cloned().chain([first.clone()]).collect();
+                if !matches!(first.as_str(), "crate" | "super" | "self")
+                    && files.contains_key(&child)
+                {
+                    path.insert(0, "self".to_owned());
+                }
                 let Some(abs) = absolute(&path, &here) else {
                     continue;
                 };
@@ -483,4 +493,17 @@ fn use_trees_and_paths_are_read_as_written() {
             .map(|p| p.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>())
     );
     assert_eq!(code_only("a // crate::b\n\"crate::c\" d"), "a \n\"\" d\n");
+    // A module's `use` of its own child file by name is an edge to it; its facade is not.
+    let module: Module = vec!["outgoing".into()];
+    let files: BTreeMap<Module, PathBuf> = [
+        (module.clone(), PathBuf::new()),
+        (vec!["outgoing".into(), "body".into()], PathBuf::new()),
+    ]
+    .into();
+    let used = edges(&module, "use body::fenced;\nuse tokio::x;\n", &files);
+    assert_eq!(
+        used.keys().collect::<Vec<_>>(),
+        [&vec!["outgoing".to_owned(), "body".to_owned()]]
+    );
+    assert!(edges(&module, "pub(crate) use body::fenced;\n", &files).is_empty());
 }

@@ -185,8 +185,8 @@ fn counter_labels(service: &str) -> ServiceLabels {
 
 #[cfg(test)]
 mod tests {
+    use super::super::kv::KvOutcome;
     use super::*;
-    use crate::ops::KvOutcome;
 
     fn text(m: &Metrics) -> String {
         let mut out = String::new();

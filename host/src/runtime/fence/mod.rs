@@ -20,12 +20,10 @@
 //! The guest is also interrupted at its next epoch tick past the deadline (`host::new_store`),
 //! so a guest that computes without calling the host stops too.
 //!
-//! HTTP bodies cross the boundary outside any call: each is a [`DeadlineBody`] (`body`), which
+//! HTTP bodies cross the boundary outside any call: each is a [`body::DeadlineBody`], which
 //! ends in an error at the deadline, parameterised by what else ends its kind.
 
-mod body;
-
-pub(crate) use body::{BodyEnds, DeadlineBody};
+pub(crate) mod body;
 
 use std::io::IoSlice;
 use std::os::unix::fs::FileExt;

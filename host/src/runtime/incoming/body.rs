@@ -13,7 +13,7 @@ use wasmtime_wasi_http::Error;
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 
 use crate::lease::LeaseDeadline;
-use crate::runtime::fence::{BodyEnds, DeadlineBody};
+use crate::runtime::fence::body::{BodyEnds, DeadlineBody};
 
 /// A guest's response body, cut at the lease deadline, the request timeout, or when the
 /// guest's call ended badly (`broken`).

@@ -15,7 +15,7 @@ use hyper::body::Incoming;
 use wasmtime_wasi_http::{Error, WasiBody};
 
 use crate::lease::LeaseDeadline;
-use crate::runtime::fence::{BodyEnds, DeadlineBody};
+use crate::runtime::fence::body::{BodyEnds, DeadlineBody};
 
 /// The error an exchange ends with once the lease deadline has passed.
 pub(super) fn fenced() -> Error {
