@@ -206,6 +206,39 @@ impl Host {
         }
     }
 
+    /// Whether this host holds a transaction's lock on a file named `file` (the redb store's
+    /// `vvm.redb`), as `/proc/PID/fdinfo` of its descriptors of it lists them (redb's locks
+    /// are open-file-description locks). Every open redb file holds some for its life, which
+    /// no writer waits for: a shared `flock` of the whole file and shared locks on its
+    /// registration bytes (from 2^62). A transaction adds the header bytes (from 0) or an
+    /// exclusive lock. Asked while the host is stopped, it says whether it was stopped inside
+    /// a transaction of its own.
+    pub fn holds_lock_on(&self, file: &str) -> bool {
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{}/fd", self.pid())) else {
+            return false;
+        };
+        let in_transaction = |line: &str| {
+            // `lock: 1: OFDLCK ADVISORY WRITE -1 fe:00:123 START END`
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            fields.get(2) == Some(&"OFDLCK")
+                && (fields.get(4) == Some(&"WRITE")
+                    || fields.get(7).and_then(|s| s.parse::<u64>().ok()) < Some(1 << 62))
+        };
+        fds.flatten().any(|fd| {
+            let of_file = std::fs::read_link(fd.path()).is_ok_and(|target| target.ends_with(file));
+            of_file
+                && std::fs::read_to_string(format!(
+                    "/proc/{}/fdinfo/{}",
+                    self.pid(),
+                    fd.file_name().to_string_lossy()
+                ))
+                .is_ok_and(|info| {
+                    info.lines()
+                        .any(|l| l.starts_with("lock:") && in_transaction(l))
+                })
+        })
+    }
+
     /// Keeps this host stopped (SIGSTOP) until `other` logs a line with every needle, and
     /// returns that line; the caller sends SIGCONT.
     ///
