@@ -93,10 +93,8 @@ pub async fn run(
         close(store, &settings.store).await;
         return Ok(());
     };
-    if settings.http_addr.is_some() {
-        wasm.share_http(holder_locks.as_ref().map(|d| d.path().to_owned()))
-            .await;
-    }
+    wasm.share_http(holder_locks.as_ref().map(|d| d.path().to_owned()))
+        .await;
     let services: Arc<dyn Services> = Arc::clone(&wasm) as Arc<dyn Services>;
     let reloading = AbortOnDropHandle::new(tokio::spawn({
         let wasm = Arc::clone(&wasm);

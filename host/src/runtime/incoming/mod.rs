@@ -8,8 +8,9 @@
 //!   while it is taken: a stalled former leader may still hold it).
 //! - A leadership registers each HTTP service it starts ([`HttpServer::register`]) with its
 //!   environment (lease, deadline, stop signal); the first registration starts accepting.
-//!   Accepting stops at once when the lease deadline passes (a leader resumed after a
-//!   SIGSTOP takes nothing more from the queue; what it took is answered 503).
+//!   On the shared socket accepting stops at once when the lease deadline passes (a leader
+//!   resumed after a SIGSTOP takes nothing more from the queue; what it took is answered
+//!   503).
 //! - Stopping unregisters first ([`HttpServer::unregister`]): with the last route accepting
 //!   stops (on a shared socket what is queued waits for the next leader; an own listener
 //!   closes), open connections finish the request in progress within the grace period and
@@ -359,17 +360,18 @@ async fn listen(
     let mut connections = JoinSet::new();
     let passed = deadline.passed();
     tokio::pin!(passed);
-    loop {
+    // Whether the loop ended at the stop (else at the deadline, said when it came).
+    let stopped = loop {
         tokio::select! {
             biased;
-            () = stop.cancelled() => break,
+            () = stop.cancelled() => break true,
             // Before the accept: a leader resumed after its deadline takes nothing more from
             // the shared queue, which is its successor's. (A socket of its own it keeps until
             // the stop: nobody else can take from it, and what it accepts past the deadline is
             // answered 503.)
             () = &mut passed, if shared_socket => {
                 tracing::warn!(addr = %local, "http accepting stopped: the lease deadline passed");
-                break;
+                break false;
             }
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
@@ -385,11 +387,11 @@ async fn listen(
             },
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
         }
-    }
+    };
     if shared_socket {
         // The queue is the next leader's: this host only stops taking from it.
         drop(listener);
-        if !deadline.has_passed() {
+        if stopped {
             tracing::info!(addr = %local, "http accepting stopped");
         }
     } else {

@@ -124,6 +124,17 @@ async fn impatient_writer(path: &Path) -> RedbStore {
     store
 }
 
+/// [`impatient_writer`] on a runtime of its own, for a test whose reader runs on threads
+/// of its own.
+fn writer_on_a_runtime(path: &Path) -> (tokio::runtime::Runtime, RedbStore) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let writer = rt.block_on(impatient_writer(path));
+    (rt, writer)
+}
+
 /// One renewal and one fenced guest write: both must commit while the reader is wherever
 /// it is.
 async fn commit_both(writer: &RedbStore, term: u64, n: usize) -> Result<(), String> {
@@ -160,11 +171,7 @@ async fn commit_both(writer: &RedbStore, term: u64, n: usize) -> Result<(), Stri
 fn a_reader_paused_anywhere_in_its_read_delays_no_commit() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.redb");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let writer = rt.block_on(impatient_writer(&path));
+    let (rt, writer) = writer_on_a_runtime(&path);
     let term = rt.block_on(writer.get("1")).unwrap().unwrap().term;
     let stops = Arc::new(AtomicUsize::new(0));
     let failures = Arc::new(Mutex::new(Vec::new()));
@@ -225,11 +232,7 @@ fn a_reader_paused_anywhere_in_its_read_delays_no_commit() {
 fn redbs_header_lock_is_the_range_a_reader_passes_by() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.redb");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let _writer = rt.block_on(impatient_writer(&path));
+    let (_rt, _writer) = writer_on_a_runtime(&path);
     let asked = Arc::new(Mutex::new(Vec::new()));
     let record = {
         let asked = Arc::clone(&asked);
@@ -365,11 +368,7 @@ async fn readers_see_one_committed_state_while_a_writer_commits_at_full_speed() 
 fn a_commit_under_the_registration_makes_the_reader_begin_again() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.redb");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let writer = rt.block_on(impatient_writer(&path));
+    let (rt, writer) = writer_on_a_runtime(&path);
     let term = rt.block_on(writer.get("1")).unwrap().unwrap().term;
     rt.block_on(commit_both(&writer, term, 0)).unwrap();
     let reading = Arc::new(std::sync::atomic::AtomicBool::new(false));
