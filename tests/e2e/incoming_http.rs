@@ -102,7 +102,9 @@ fn a_request_is_served_by_route_with_the_fencing_token_and_no_route_is_404() {
         "[service.api]\nroute = \"/api/v1/...\"\n[service.late]\nroute = \"/hello/...\"\n",
     );
     let a = serve("a", dir.path(), addr);
-    a.wait_for(&["http listening"]);
+    // Every HTTP service of the leadership is routed before this line (the listener opens
+    // at the first one's).
+    a.wait_for(&["services started"]);
     // `late` asks for the default route of `hello`, which has no table: the first by name
     // keeps it, and the other is not served, with a line that says why.
     let line = a.wait_for(&["HTTP service not served: its route is another service's"]);
@@ -411,7 +413,8 @@ fn off_the_shelf_proxy_components_are_served_and_a_run_beside_the_handler_never_
 
     let addr = free_addr();
     let host = serve("a", dir.path(), addr);
-    host.wait_for(&["http listening"]);
+    // Both are routed before this line (the listener opens at the first one's).
+    host.wait_for(&["services started"]);
     for (path, body) in [
         ("/wstd/x", "hello from wstd /wstd/x\n"),
         ("/wasi/y?z=1", "hello from wasi /wasi/y?z=1\n"),

@@ -141,7 +141,8 @@ fn a_new_project_of_each_language_and_kind_builds_checks_and_runs() {
     ];
     let start = Instant::now();
     let mut host = Host::start(BIN, "new", dir.path(), &args, "info");
-    host.wait_for(&["http listening"]);
+    // Every HTTP service is routed before this line (the listener opens at the first one's).
+    host.wait_for(&["services started"]);
     println!("serving in {:.1?}", start.elapsed());
     for (lang, kind, _) in PROJECTS {
         let name = format!("new-{lang}-{kind}");
