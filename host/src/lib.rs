@@ -8,7 +8,11 @@
 //!   stopped.
 //! - [`placement`]: which host runs which service: together on a slot, or spread by claims.
 //! - [`vvm`]: the lifecycle: provide, launch, leadership monitor, ordered shutdown.
-//! - [`runtime`]: the wasmtime host: components, sandboxes, fencing, supervision, incoming HTTP.
+//! - [`runtime`]: the wasmtime host: components, sandboxes, fencing, supervision, and the
+//!   triggers that call guests (`run`, incoming HTTP).
+//! - [`interfaces`]: the interfaces guests call, one host implementation per WIT package
+//!   (`vvm:host`, `wasi:keyvalue`, `wasi:config`, outgoing `wasi:http`), against the seam the
+//!   runtime gives them (the service's environment, the per-call fence).
 //! - [`services`]: what the lifecycle starts once a slot is held (the seam to the runtime).
 //! - [`elections`]: acquire, renew and release leases.
 //! - [`problem`]: the problem signal: a running VVM's first fatal error, reported once.
@@ -32,12 +36,13 @@
 //! 2. `server`
 //! 3. `placement`
 //! 4. `vvm`, `runtime`
-//! 5. `services`, `elections`
-//! 6. `problem`, `config`
-//! 7. `ops`, `killer`, `holder`
-//! 8. `store`
-//! 9. `lease`, `lease_value`, `keys`, `log_output`, `fs`
-//! 10. `clock`
+//! 5. `interfaces`
+//! 6. `services`, `elections`
+//! 7. `problem`, `config`
+//! 8. `ops`, `killer`, `holder`
+//! 9. `store`
+//! 10. `lease`, `lease_value`, `keys`, `log_output`, `fs`
+//! 11. `clock`
 
 pub mod cli;
 pub mod clock;
@@ -45,6 +50,7 @@ pub mod config;
 pub mod elections;
 pub mod fs;
 pub mod holder;
+pub mod interfaces;
 pub mod keys;
 pub mod killer;
 pub mod lease;

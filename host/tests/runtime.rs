@@ -801,7 +801,7 @@ fn snapshot(dir: &std::path::Path) -> Vec<(String, String)> {
 /// and outgoing HTTP to `addr`.
 fn effect_grants(effect: &str, data: &std::path::Path, addr: std::net::SocketAddr) -> Grants {
     let origin = format!("http://{addr}");
-    let limits = vvm_host::runtime::OutgoingLimits::default();
+    let limits = vvm_host::interfaces::OutgoingLimits::default();
     Grants {
         dirs: vec![DirGrant {
             host: data.to_owned(),
@@ -813,7 +813,7 @@ fn effect_grants(effect: &str, data: &std::path::Path, addr: std::net::SocketAdd
             ("EFFECT_ADDR".into(), addr.to_string()),
         ],
         network: true,
-        http: Arc::new(vvm_host::runtime::HttpPolicy::new(&[origin], None, limits).unwrap()),
+        http: Arc::new(vvm_host::interfaces::HttpPolicy::new(&[origin], None, limits).unwrap()),
         ..Grants::default()
     }
 }

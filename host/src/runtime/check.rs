@@ -287,7 +287,7 @@ mod tests {
     use std::net::SocketAddr;
 
     use super::*;
-    use crate::runtime::outgoing::{HttpPolicy, OutgoingLimits};
+    use crate::interfaces::{HttpPolicy, OutgoingLimits};
 
     #[test]
     fn an_import_the_host_lacks_is_named_with_what_to_do() {

@@ -13,9 +13,9 @@ use wasmtime_wasi::p2::bindings::CommandPre;
 use wasmtime_wasi_http::p2::bindings::ProxyPre;
 
 use super::RuntimeError;
-use super::bindings::service::ServicePre;
 use super::cache;
 use super::state::Host;
+use crate::interfaces::bindings::service::ServicePre;
 use crate::log_output::escaped;
 
 /// Which world a component targets.

@@ -1,25 +1,18 @@
-//! The wasmtime host (SPEC §6, §7): components, sandboxes, fencing at the boundary, supervision.
+//! The wasmtime host (SPEC §6, §7): components, sandboxes, fencing at the boundary,
+//! supervision, and the triggers that call guests (a service's `run`, incoming HTTP). The
+//! interfaces guests call are `crate::interfaces`', which this links.
 //!
-//! - `outgoing`: outgoing `wasi:http`: the allow-list, the address guard, our connector, the
-//!   fence around each exchange, the fencing-token headers, the limits.
 //! - `config`: [`RuntimeConfig`] (directories, limits, grants, restart policy).
 //! - `stacks`: the fiber stacks of the on-demand allocator, mapped once and reused.
 //! - `handles`: how many handles an instance may hold, and the guests' share of the
 //!   process's file descriptors.
 //! - `engine`: the wasmtime [`wasmtime::Engine`], the epoch ticker thread, and the `Runtime`
 //!   (engine, ticker, configuration) every supervisor shares.
+//! - `state`: `Host`, the state of one store: WASI, the memory cap, the interfaces' share.
+//! - `fence`: no guest effect past the lease deadline: the per-call hook, fenced streams.
+//! - `imports`: the linker, and a fresh sandboxed store per instance.
 //! - `cache`: the on-disk compile cache: fetch or compile, write safely, prune.
 //! - `component`: discovery, compilation (through the cache), world classification.
-//! - `state`: what the host side of a guest's calls sees: `ServiceEnv` (per service and
-//!   leadership) and `Host` (per store).
-//! - `fence`: no guest effect past the lease deadline: the per-call check, fenced streams.
-//! - `bindings`: the host side of the guest interfaces, generated from `wit/`.
-//! - `keyvalue`: guest key-value (`wasi:keyvalue` draft2 and draft, `vvm:host/kv`): buckets,
-//!   the fence, the limits.
-//! - `wasi_config`: `wasi:config/store` over a service's configuration.
-//! - `imports`: the linker, a fresh sandboxed store per instance, the `vvm:host` lease and log
-//!   imports.
-//! - `output`: guest stdout/stderr as log lines.
 //! - `progress`: compile progress, a bar on a terminal or a log line per service.
 //! - `restart`: a failed service's backoff schedule, and its state as `status`, `/metrics` and
 //!   the log see it.
@@ -34,13 +27,11 @@
 //! - `wasm_services`: [`WasmServices`], the [`crate::services::Services`] the lifecycle starts.
 //! - `check`: what `vvm-host check` says of a directory, with what to change.
 //!
-//! Dependencies point one way, in this order (each uses only modules before it): `outgoing`,
-//! `config`,
-//! `handles`, `stacks`, `engine`, `state`, `fence`, `output`, `bindings`, `keyvalue`,
-//! `wasi_config`, `imports`, `cache`, `component`, `restart`, `supervisor`, `incoming`,
-//! `debounce`, `live_dir`, `reconcile`, `wasm_services`, `check`.
+//! Dependencies point one way, in this order (each uses only modules before it): `config`,
+//! `handles`, `stacks`, `engine`, `state`, `fence`, `imports`, `cache`, `component`,
+//! `progress`, `restart`, `supervisor`, `incoming`, `debounce`, `live_dir`, `reconcile`,
+//! `wasm_services`, `check`.
 
-mod bindings;
 mod cache;
 mod check;
 mod component;
@@ -51,24 +42,19 @@ mod fence;
 mod handles;
 mod imports;
 mod incoming;
-mod keyvalue;
 mod live_dir;
-mod outgoing;
-mod output;
 mod progress;
 mod reconcile;
 mod restart;
 mod stacks;
 mod state;
 mod supervisor;
-mod wasi_config;
 mod wasm_services;
 
 pub use check::{CheckReport, Note, check, help};
 pub use component::{LoadError, LoadErrorKind, LoadStats, ServiceKind};
-pub use config::{DirGrant, Grants, IncomingLimits, KvLimits, RestartPolicy, RuntimeConfig};
+pub use config::{DirGrant, Grants, IncomingLimits, RestartPolicy, RuntimeConfig};
 pub use handles::raise_descriptor_limit;
-pub use outgoing::{HttpPolicy, LEASE_HEADER, OutgoingLimits, TOKEN_HEADER};
 pub use wasm_services::WasmServices;
 
 use std::path::PathBuf;

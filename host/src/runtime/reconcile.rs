@@ -25,10 +25,11 @@ use super::component::Loaded;
 use super::engine::Runtime;
 use super::incoming::HttpServer;
 use super::live_dir::Catalogue;
-use super::outgoing::{HttpPolicy, OutgoingHttp};
 use super::restart::Tracker;
-use super::state::{ServiceEnv, WriteBudget};
 use super::supervisor::{FirstStart, supervise};
+use crate::interfaces::ServiceEnv;
+use crate::interfaces::keyvalue::access::WriteBudget;
+use crate::interfaces::outgoing::{HttpPolicy, OutgoingHttp};
 use crate::services::{RunningServices, ServiceContext};
 
 /// How long the guests of a start wait for every service's first instance before they begin

@@ -19,11 +19,11 @@ use wasmtime_wasi::I32Exit;
 
 use super::component::{Loaded, Pre};
 use super::engine::Runtime;
-use super::fence::Fenced;
 use super::imports::new_store;
 use super::restart::{Backoff, Tracker};
-use super::state::ServiceEnv;
 use crate::config::{HAND_OVER_MEMORY, OnFailure};
+use crate::interfaces::Fenced;
+use crate::interfaces::ServiceEnv;
 use crate::keys::hand_over_key;
 use crate::lease_value;
 use crate::problem::Problem;
@@ -328,7 +328,7 @@ fn outcome(r: wasmtime::Result<Result<(), String>>, handles: usize) -> Outcome {
         Ok(Ok(())) => Outcome::Returned,
         Ok(Err(message)) => Outcome::Failed(format!(
             "run returned an error: {}",
-            super::output::guest_text(&message)
+            crate::interfaces::output::guest_text(&message)
         )),
         Err(e) if e.is::<Fenced>() => Outcome::Fenced,
         Err(e) => match e.downcast_ref::<I32Exit>() {
@@ -364,9 +364,9 @@ mod tests {
     use testkit::{guests, logs};
 
     use super::*;
+    use crate::interfaces::env::tests::env;
     use crate::lease_value::RunningReport;
     use crate::runtime::component::{Compiler, LoadStats, ServiceFile};
-    use crate::runtime::state::tests::env;
     use crate::runtime::{RuntimeConfig, engine, imports};
 
     /// A supervised rust-ticker named `name` whose first start counts `pending` services

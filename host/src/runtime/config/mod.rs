@@ -8,11 +8,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::outgoing::{HttpPolicy, OutgoingLimits};
 use crate::config::{
-    self, ConfigError, ConfigValue, GrantConfig, IncomingHttpConfig, KvLimitsConfig, OnFailure,
-    Route, Settings,
+    self, ConfigError, GrantConfig, IncomingHttpConfig, KvLimitsConfig, OnFailure, Route, Settings,
 };
+use crate::interfaces::{HttpPolicy, KvLimits, OutgoingLimits, ServiceConfig};
 
 /// Configuration of the Wasm runtime. `RuntimeConfig::new(dir)` gives the defaults.
 #[derive(Clone, Debug)]
@@ -275,107 +274,6 @@ impl Grants {
     }
 }
 
-/// A service's configuration (`[service.NAME.config]`) with every value read: what
-/// `wasi:config/store` answers. Values read from the environment or a file are secrets, so
-/// `Debug` shows the keys only. Made once per settings and shared by every instance (a clone
-/// is two reference counts), in the form each version's implementation reads.
-#[derive(Clone, Default)]
-pub struct ServiceConfig {
-    /// Sorted by key: `@0.2.0-draft`'s answers.
-    values: Arc<[(String, String)]>,
-    /// The same, as `wasmtime-wasi-config` (`@0.2.0-rc.1`) reads them.
-    variables: Arc<wasmtime_wasi_config::WasiConfigVariables>,
-}
-
-impl PartialEq for ServiceConfig {
-    fn eq(&self, other: &Self) -> bool {
-        self.values == other.values
-    }
-}
-
-impl Eq for ServiceConfig {}
-
-impl std::fmt::Debug for ServiceConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_set()
-            .entries(self.values.iter().map(|(k, _)| k))
-            .finish()
-    }
-}
-
-/// The longest configuration value read from a file: a credential or a certificate, not a
-/// disk image named by mistake.
-pub const MAX_CONFIG_FILE_BYTES: u64 = 1 << 20;
-
-impl ServiceConfig {
-    /// Reads every value of service `service`'s `table`: from the environment and from files
-    /// now, so that one that cannot be read is refused with the settings (at start, or at
-    /// SIGHUP, when the old settings stay) rather than at the guest's first call.
-    ///
-    /// # Errors
-    /// Naming the service, the key and why (an unset variable, an unreadable file, text that
-    /// is not UTF-8); never the value.
-    pub fn resolve(
-        service: &str,
-        table: &std::collections::BTreeMap<String, ConfigValue>,
-    ) -> Result<Self, ConfigError> {
-        let mut values = Vec::with_capacity(table.len());
-        for (key, value) in table {
-            let invalid = |reason: String| ConfigError::Invalid {
-                name: "service.*.config",
-                reason: format!("service {service}: config key {key:?}: {reason}"),
-            };
-            let text = match value {
-                ConfigValue::Plain(text) => text.clone(),
-                ConfigValue::Env(var) => std::env::var(var).map_err(|e| {
-                    invalid(match e {
-                        std::env::VarError::NotPresent => {
-                            format!("environment variable {var} is not set")
-                        }
-                        std::env::VarError::NotUnicode(_) => {
-                            format!("environment variable {var} is not UTF-8")
-                        }
-                    })
-                })?,
-                ConfigValue::File(path) => {
-                    let bytes = crate::fs::read_file(path, MAX_CONFIG_FILE_BYTES)
-                        .map_err(|e| invalid(format!("file {}: {e}", path.display())))?;
-                    String::from_utf8(bytes).map_err(|_| {
-                        invalid(format!("file {} is not UTF-8 text", path.display()))
-                    })?
-                }
-            };
-            values.push((key.clone(), text));
-        }
-        let variables = values
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        Ok(Self {
-            values: values.into(),
-            variables: Arc::new(variables),
-        })
-    }
-
-    /// The value of `key`, if it is set.
-    pub fn get(&self, key: &str) -> Option<&str> {
-        self.values
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// Every key and value, sorted by key.
-    pub fn all(&self) -> &[(String, String)] {
-        &self.values
-    }
-
-    /// The values as `wasmtime-wasi-config` reads them.
-    pub(crate) fn variables(&self) -> &wasmtime_wasi_config::WasiConfigVariables {
-        &self.variables
-    }
-}
-
 /// One host directory made visible to a guest.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirGrant {
@@ -409,59 +307,6 @@ impl Default for RestartPolicy {
             initial_backoff: config::RESTART_BACKOFF_INITIAL,
             max_backoff: config::DEFAULT_RESTART_BACKOFF_MAX,
             reset_after: config::RESTART_RESET_AFTER,
-        }
-    }
-}
-
-/// Limits on a service's key-value data (SPEC §10), so that no guest can fill the store or
-/// starve the lease renewals that share it. A call past a limit fails with an error naming
-/// it that the guest sees; nothing is written.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct KvLimits {
-    /// The longest key, in bytes. Default 1 KiB.
-    pub max_key_bytes: usize,
-    /// The largest value, in bytes. Default 1 MiB.
-    pub max_value_bytes: usize,
-    /// The most keys in one namespace (the service's own, or a shared bucket it writes).
-    /// Default 10 000.
-    pub max_keys: u64,
-    /// The most bytes (keys and values) in one namespace. Default 64 MiB.
-    pub max_bytes: u64,
-    /// Writes per second per service, on average, if the operator sets a rate: a token
-    /// bucket. None by default: the store's group commit takes from the services in turn,
-    /// so one cannot starve another (or the lease's renewals, which go first), and a fixed
-    /// rate would bind long before the store does.
-    pub writes_per_second: Option<u32>,
-    /// How many writes may come at once under that rate (the bucket's size). Default: a
-    /// second's worth.
-    pub write_burst: Option<u32>,
-}
-
-impl Default for KvLimits {
-    fn default() -> Self {
-        Self {
-            max_key_bytes: 1024,
-            max_value_bytes: 1 << 20,
-            max_keys: 10_000,
-            max_bytes: 64 << 20,
-            writes_per_second: None,
-            write_burst: None,
-        }
-    }
-}
-
-impl KvLimits {
-    /// These limits with those `table` sets (`[kv]`, `[service.NAME.kv]`) in their place.
-    #[must_use]
-    pub fn with(self, table: KvLimitsConfig) -> Self {
-        let size = |v: Option<u64>, or: usize| v.map_or(or, |v| usize::try_from(v).unwrap_or(or));
-        Self {
-            max_key_bytes: size(table.max_key_bytes, self.max_key_bytes),
-            max_value_bytes: size(table.max_value_bytes, self.max_value_bytes),
-            max_keys: table.max_keys.unwrap_or(self.max_keys),
-            max_bytes: table.max_bytes.unwrap_or(self.max_bytes),
-            writes_per_second: table.writes_per_second.or(self.writes_per_second),
-            write_burst: table.write_burst.or(self.write_burst),
         }
     }
 }

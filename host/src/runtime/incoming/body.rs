@@ -12,8 +12,8 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use wasmtime_wasi_http::Error;
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 
+use crate::interfaces::body::{BodyEnds, DeadlineBody};
 use crate::lease::LeaseDeadline;
-use crate::runtime::fence::body::{BodyEnds, DeadlineBody};
 
 /// A guest's response body, cut at the lease deadline, the request timeout, or when the
 /// guest's call ended badly (`broken`).

@@ -45,8 +45,9 @@ use wasmtime_wasi_http::p2::bindings::ProxyPre;
 use super::Grants;
 use super::engine::Runtime;
 use super::live_dir::Catalogue;
-use super::state::{Host, ServiceEnv};
+use super::state::Host;
 use crate::config::{Route, pick_route};
+use crate::interfaces::ServiceEnv;
 
 /// How long a failed bind waits before the next try.
 const REBIND_PAUSE: Duration = Duration::from_millis(50);

@@ -23,10 +23,10 @@ use wasmtime_wasi_http::{Error, WasiHttpView as _};
 
 use super::{Entry, Routed, Shared};
 use super::{body, spin};
+use crate::interfaces::Fenced;
+use crate::interfaces::TOKEN_HEADER;
 use crate::ops::RunningGuard;
-use crate::runtime::fence::Fenced;
 use crate::runtime::imports::new_store;
-use crate::runtime::outgoing::TOKEN_HEADER;
 use crate::runtime::state::Host;
 
 /// Why a connection is aborted instead of answered: the lease deadline passed before the

@@ -2,7 +2,7 @@
 //! `vvm:host/service` world (`vvm:host`, `wasi:keyvalue@0.2.0-draft2` and
 //! `wasi:config@0.2.0-draft`; WASI 0.2 itself is wasmtime-wasi's), and
 //! `wasi:keyvalue@0.2.0-draft`, which components built for wasmtime's and wasmCloud's hosts
-//! import. The implementations are in `imports` (`vvm:host`), `keyvalue` and `wasi_config`.
+//! import. The implementations are in `vvm`, `keyvalue` and `wasi_config`.
 
 /// The `vvm:host/service` world.
 pub(crate) mod service {
@@ -19,8 +19,8 @@ pub(crate) mod service {
             "wasi:random": wasmtime_wasi::p2::bindings::random,
             "wasi:sockets": wasmtime_wasi::p2::bindings::sockets,
             "wasi:http": wasmtime_wasi_http::p2::bindings::http,
-            "wasi:keyvalue/store.bucket": crate::runtime::state::Bucket,
-            "wasi:keyvalue/atomics.cas": crate::runtime::state::Cas,
+            "wasi:keyvalue/store.bucket": crate::interfaces::keyvalue::access::Bucket,
+            "wasi:keyvalue/atomics.cas": crate::interfaces::keyvalue::access::Cas,
         },
     });
 }
@@ -32,7 +32,7 @@ pub(crate) mod keyvalue_draft {
         world: "wasi:keyvalue/imports",
         imports: { default: async | trappable },
         with: {
-            "wasi:keyvalue/store.bucket": crate::runtime::state::Bucket,
+            "wasi:keyvalue/store.bucket": crate::interfaces::keyvalue::access::Bucket,
         },
     });
 }

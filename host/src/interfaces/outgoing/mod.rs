@@ -3,7 +3,7 @@
 //!
 //! Every path a request takes, and what holds it:
 //! - `handle`, and every later call of the guest's (a body write, reading the response), is a
-//!   host call: the per-call fence (`fence`) traps it past the lease deadline.
+//!   host call: the per-call fence (the runtime's `fence`) traps it past the lease deadline.
 //! - Deny by default: a request goes only where the service's allow-list (`allow`) lets it;
 //!   else it fails with `HTTP-request-denied` inside `handle`, before any connection, and one
 //!   log line names the service and the host. A name that a wildcard let through may not

@@ -4,18 +4,19 @@
 use wasmtime::component::{HasSelf, Linker, Resource};
 
 use super::KvError;
-use crate::runtime::bindings::keyvalue_draft::wasi::keyvalue::{atomics, batch, store};
-use crate::runtime::state::{Bucket, Host};
+use super::access::Bucket;
+use crate::interfaces::bindings::keyvalue_draft::wasi::keyvalue::{atomics, batch, store};
+use crate::interfaces::view::{Interfaces, View};
 use crate::store::KvWrite;
 
 /// Adds `wasi:keyvalue@0.2.0-draft` to `linker`.
 ///
 /// # Errors
 /// When the linker already has it.
-pub(crate) fn add_to_linker(linker: &mut Linker<Host>) -> wasmtime::Result<()> {
-    store::add_to_linker::<_, HasSelf<_>>(linker, |h| h)?;
-    atomics::add_to_linker::<_, HasSelf<_>>(linker, |h| h)?;
-    batch::add_to_linker::<_, HasSelf<_>>(linker, |h| h)
+pub(crate) fn add_to_linker<T: View>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
+    store::add_to_linker::<_, HasSelf<Interfaces>>(linker, T::interfaces)?;
+    atomics::add_to_linker::<_, HasSelf<Interfaces>>(linker, T::interfaces)?;
+    batch::add_to_linker::<_, HasSelf<Interfaces>>(linker, T::interfaces)
 }
 
 /// The most cursors one bucket handle hands out; open the bucket again for more listings.
@@ -23,7 +24,7 @@ const MAX_CURSORS: usize = 4096;
 
 wasi_keyvalue_common!();
 
-impl store::HostBucket for Host {
+impl store::HostBucket for Interfaces {
     wasi_keyvalue_bucket!();
 
     /// Cursor `n` continues after the last key of the page that handed it out.
@@ -64,7 +65,7 @@ impl store::HostBucket for Host {
     }
 }
 
-impl atomics::Host for Host {
+impl atomics::Host for Interfaces {
     async fn increment(&mut self, b: Resource<Bucket>, key: String, delta: u64) -> Answer<u64> {
         let space = space(self, &b)?;
         let Ok(delta) = i64::try_from(delta) else {

@@ -1,11 +1,11 @@
 //! `vvm:host/kv`, vvm-host's own key-value interface: `get` and `set` on the service's own
 //! namespace (the bucket `wasi:keyvalue`'s `open("")` opens), errors as text.
 
-use crate::runtime::bindings::service::vvm::host::kv;
-use crate::runtime::state::Host;
+use crate::interfaces::bindings::service::vvm::host::kv;
+use crate::interfaces::view::Interfaces;
 use crate::store::KvWrite;
 
-impl kv::Host for Host {
+impl kv::Host for Interfaces {
     async fn get(&mut self, key: String) -> wasmtime::Result<Result<Option<Vec<u8>>, String>> {
         let space = self.kv().open("")?.space;
         Ok(self.kv().get(&space, &key).await.map_err(|e| e.to_string()))

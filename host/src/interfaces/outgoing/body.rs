@@ -14,8 +14,8 @@ use http_body_util::combinators::MapErr;
 use hyper::body::Incoming;
 use wasmtime_wasi_http::{Error, WasiBody};
 
+use crate::interfaces::body::{BodyEnds, DeadlineBody};
 use crate::lease::LeaseDeadline;
-use crate::runtime::fence::body::{BodyEnds, DeadlineBody};
 
 /// The error an exchange ends with once the lease deadline has passed.
 pub(super) fn fenced() -> Error {

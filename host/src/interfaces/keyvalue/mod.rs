@@ -1,7 +1,7 @@
 //! Guest key-value (SPEC §7, §10): the one implementation behind `wasi:keyvalue@0.2.0-draft2`
 //! (`draft2`), `@0.2.0-draft` (`draft`) and `vvm:host/kv` (`vvm`), over the same data.
 //!
-//! Each call goes through [`Kv`] (borrowed from [`Host`] for the call), which owns what the
+//! Each call goes through [`Kv`] (borrowed from [`Interfaces`] for the call), which owns what the
 //! three interfaces share:
 //! - **Buckets.** `open("")` and `open("default")` are the service's own namespace (its
 //!   name, as `vvm:host/kv` has always used); a named bucket is the namespace
@@ -37,11 +37,11 @@ macro_rules! wasi_keyvalue_common {
         type Answer<T> = wasmtime::Result<Result<T, store::Error>>;
 
         /// The namespace behind `bucket`'s handle.
-        fn space(host: &Host, handle: &Resource<Bucket>) -> wasmtime::Result<String> {
+        fn space(host: &Interfaces, handle: &Resource<Bucket>) -> wasmtime::Result<String> {
             Ok(host.table.get(handle)?.space.clone())
         }
 
-        impl store::Host for Host {
+        impl store::Host for Interfaces {
             async fn open(&mut self, identifier: String) -> Answer<Resource<Bucket>> {
                 match self.kv().open(&identifier) {
                     Ok(bucket) => Ok(Ok(self.table.push(bucket)?)),
@@ -50,7 +50,7 @@ macro_rules! wasi_keyvalue_common {
             }
         }
 
-        impl batch::Host for Host {
+        impl batch::Host for Interfaces {
             async fn get_many(
                 &mut self,
                 b: Resource<Bucket>,
@@ -133,13 +133,16 @@ macro_rules! wasi_keyvalue_bucket {
     };
 }
 
+pub(crate) mod access;
 mod draft;
 mod draft2;
 mod vvm;
 
 use std::sync::PoisonError;
 
-use super::state::{Bucket, Host, KvAccess, ServiceEnv};
+use self::access::{Bucket, KvAccess};
+use crate::interfaces::env::ServiceEnv;
+use crate::interfaces::view::Interfaces;
 use crate::keys::bucket_space;
 use crate::ops::{KvLimit, KvOutcome};
 use crate::store::{Fence, KvDone, KvOp, KvQuota, KvRefusal, KvWrite, MAX_BATCH, StoreError};
@@ -188,14 +191,14 @@ pub(crate) enum KvError {
 }
 
 /// The key-value calls of one instance: its service's environment and its access. Borrowed
-/// from [`Host`] by [`Host::kv`] for one call, so that a call's future holds only what is
+/// from [`Interfaces`] by [`Interfaces::kv`] for one call, so that a call's future holds only what is
 /// shared between threads.
 pub(crate) struct Kv<'a> {
     env: &'a ServiceEnv,
     access: &'a KvAccess,
 }
 
-impl Host {
+impl Interfaces {
     /// This instance's key-value calls.
     pub(crate) fn kv(&self) -> Kv<'_> {
         Kv {

@@ -6,13 +6,15 @@ use std::time::Duration;
 
 use wasmtime::component::Resource;
 
-use crate::runtime::bindings::keyvalue_draft::wasi::keyvalue as draft;
-use crate::runtime::bindings::service::vvm::host::kv;
-use crate::runtime::bindings::service::wasi::keyvalue::{atomics, batch, store};
-use crate::runtime::config::KvLimits;
-use crate::runtime::fence::Fenced;
-use crate::runtime::state::tests::env;
-use crate::runtime::state::{Bucket, Host, KvAccess, ServiceEnv, WriteBudget};
+use super::access::{Bucket, KvAccess, WriteBudget};
+use crate::interfaces::KvLimits;
+use crate::interfaces::bindings::keyvalue_draft::wasi::keyvalue as draft;
+use crate::interfaces::bindings::service::vvm::host::kv;
+use crate::interfaces::bindings::service::wasi::keyvalue::{atomics, batch, store};
+use crate::interfaces::env::Fenced;
+use crate::interfaces::env::ServiceEnv;
+use crate::interfaces::env::tests::env;
+use crate::interfaces::view::Interfaces;
 
 fn access(limits: KvLimits, buckets: &[&str]) -> KvAccess {
     KvAccess {
@@ -22,9 +24,9 @@ fn access(limits: KvLimits, buckets: &[&str]) -> KvAccess {
 }
 
 /// An instance of `env`'s service with `access`, its write budget full for its rate.
-fn host(env: &Arc<ServiceEnv>, access: KvAccess) -> Host {
+fn host(env: &Arc<ServiceEnv>, access: KvAccess) -> Interfaces {
     *env.kv_budget.lock().unwrap() = WriteBudget::full(&access.limits);
-    crate::runtime::state::tests::host(env, access)
+    crate::interfaces::view::tests::interfaces(env, access)
 }
 
 /// A borrow of an open bucket, as a guest passes it to each call.
@@ -32,11 +34,11 @@ fn b(bucket: &Resource<Bucket>) -> Resource<Bucket> {
     Resource::new_borrow(bucket.rep())
 }
 
-async fn open(h: &mut Host, name: &str) -> Result<Resource<Bucket>, store::Error> {
+async fn open(h: &mut Interfaces, name: &str) -> Result<Resource<Bucket>, store::Error> {
     store::Host::open(h, name.into()).await.unwrap()
 }
 
-async fn set(h: &mut Host, bucket: &Resource<Bucket>, key: &str, value: &[u8]) -> String {
+async fn set(h: &mut Interfaces, bucket: &Resource<Bucket>, key: &str, value: &[u8]) -> String {
     match store::HostBucket::set(h, b(bucket), key.into(), value.to_vec())
         .await
         .unwrap()
@@ -47,7 +49,7 @@ async fn set(h: &mut Host, bucket: &Resource<Bucket>, key: &str, value: &[u8]) -
     }
 }
 
-async fn get(h: &mut Host, bucket: &Resource<Bucket>, key: &str) -> Option<Vec<u8>> {
+async fn get(h: &mut Interfaces, bucket: &Resource<Bucket>, key: &str) -> Option<Vec<u8>> {
     store::HostBucket::get(h, b(bucket), key.into())
         .await
         .unwrap()

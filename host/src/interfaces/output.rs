@@ -16,8 +16,7 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError, StreamResult};
 use wasmtime_wasi_io::bytes::Bytes;
 
-use super::fence::Fenced;
-use super::state::ServiceEnv;
+use super::env::{Fenced, ServiceEnv};
 use crate::log_output::escaped;
 
 /// A line longer than this is logged in pieces, so a guest cannot grow the buffer forever.
@@ -193,7 +192,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::runtime::state::tests::env;
+    use crate::interfaces::env::tests::env;
 
     /// The message of every event `f` logs.
     fn capture(f: impl FnOnce()) -> Vec<String> {

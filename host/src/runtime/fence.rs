@@ -17,13 +17,11 @@
 //!   task of wasmtime-wasi's that dies with the instance, which traps within one epoch tick
 //!   once the deadline has passed.
 //!
-//! The guest is also interrupted at its next epoch tick past the deadline (`host::new_store`),
+//! The guest is also interrupted at its next epoch tick past the deadline (`imports::new_store`),
 //! so a guest that computes without calling the host stops too.
 //!
-//! HTTP bodies cross the boundary outside any call: each is a [`body::DeadlineBody`], which
+//! HTTP bodies cross the boundary outside any call: each is a `crate::interfaces::body::DeadlineBody`, which
 //! ends in an error at the deadline, parameterised by what else ends its kind.
-
-pub(crate) mod body;
 
 use std::io::IoSlice;
 use std::os::unix::fs::FileExt;
@@ -41,40 +39,9 @@ use wasmtime_wasi::p2::{
 use wasmtime_wasi::sockets::WasiSocketsView;
 use wasmtime_wasi_io::bytes::Bytes;
 
-use super::state::{Host, ServiceEnv};
+use super::state::Host;
+use crate::interfaces::Fenced;
 use crate::lease::LeaseDeadline;
-
-/// A guest effect refused because the local lease deadline has passed: another host may
-/// lead by now. Raised as a trap, so the guest stops at once.
-#[derive(Debug, thiserror::Error)]
-#[error("lease deadline passed: {what} refused, another host may lead now")]
-pub(crate) struct Fenced {
-    what: &'static str,
-}
-
-impl Fenced {
-    /// Refuses `what` (a log line, a write, ...).
-    pub(crate) fn new(what: &'static str) -> Self {
-        Self { what }
-    }
-}
-
-impl ServiceEnv {
-    /// Fails with [`Fenced`] (and logs it) once the lease deadline has passed.
-    pub(crate) fn fence(&self, what: &'static str) -> Result<(), Fenced> {
-        if self.deadline.has_passed() {
-            tracing::warn!(
-                service = &*self.name,
-                what,
-                "effect refused: lease deadline passed"
-            );
-            self.ops.effect_refused(&self.name);
-            Err(Fenced::new(what))
-        } else {
-            Ok(())
-        }
-    }
-}
 
 /// Installs the per-call fence on a store: every call from the guest into the host checks the
 /// lease deadline first and traps past it.

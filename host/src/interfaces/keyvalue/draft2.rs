@@ -3,13 +3,14 @@
 use wasmtime::component::Resource;
 
 use super::KvError;
-use crate::runtime::bindings::service::wasi::keyvalue::{atomics, batch, store};
-use crate::runtime::state::{Bucket, Cas, Host};
+use super::access::{Bucket, Cas};
+use crate::interfaces::bindings::service::wasi::keyvalue::{atomics, batch, store};
+use crate::interfaces::view::Interfaces;
 use crate::store::KvWrite;
 
 wasi_keyvalue_common!();
 
-impl store::HostBucket for Host {
+impl store::HostBucket for Interfaces {
     wasi_keyvalue_bucket!();
 
     /// The cursor is the last key of the page before: the next page starts after it.
@@ -28,7 +29,7 @@ impl store::HostBucket for Host {
     }
 }
 
-impl atomics::Host for Host {
+impl atomics::Host for Interfaces {
     async fn increment(&mut self, b: Resource<Bucket>, key: String, delta: i64) -> Answer<i64> {
         let space = space(self, &b)?;
         Ok(self
@@ -64,7 +65,7 @@ impl atomics::Host for Host {
     }
 }
 
-impl atomics::HostCas for Host {
+impl atomics::HostCas for Interfaces {
     async fn new(&mut self, b: Resource<Bucket>, key: String) -> Answer<Resource<Cas>> {
         let space = space(self, &b)?;
         let current = match self.kv().get(&space, &key).await {

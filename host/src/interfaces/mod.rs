@@ -1,0 +1,69 @@
+//! The interfaces guests call (SPEC §7, §10): one host implementation per WIT package, each
+//! against a narrow seam from the runtime: the service's environment and its per-call fence
+//! (`env`), and one instance's share of the store's state (`Interfaces`, which the
+//! runtime's store data holds and hands out through `View`). Nothing here makes a store,
+//! instantiates or runs a guest: that is the runtime's, which links these (`add_to_linker`).
+//!
+//! - `env`: `ServiceEnv`, what a service's instances share during one leadership, and the
+//!   fence: `ServiceEnv::fence`, failing with `Fenced`.
+//! - `body`: an HTTP body under the lease, incoming and outgoing alike.
+//! - `output`: guest stdout and stderr, the lines it logs and the problems it reports, as
+//!   host log lines (`wasi:cli` streams; used by `vvm`).
+//! - `bindings`: the host side of the WIT packages, generated from `wit/`.
+//! - `vvm`: `vvm:host/lease` and `vvm:host/log`.
+//! - `keyvalue`: guest key-value (`wasi:keyvalue` draft2 and draft, `vvm:host/kv`): buckets,
+//!   the fence, the limits.
+//! - `wasi_config`: `wasi:config/store` over a service's configuration.
+//! - `outgoing`: outgoing `wasi:http`: the allow-list, the address guard, our connector, the
+//!   fence around each exchange, the fencing-token headers, the limits.
+//! - `view`: `Interfaces` and `View`.
+//!
+//! Each package links itself here (`add_to_linker`). Dependencies point one way, in this
+//! order (each uses only modules before it): `keyvalue`'s `access`, `env`, `body`, `output`,
+//! `bindings`, `wasi_config`, `outgoing`, `view`, `vvm`, `keyvalue`.
+
+pub(crate) mod bindings;
+pub(crate) mod body;
+pub(crate) mod env;
+pub(crate) mod keyvalue;
+pub(crate) mod outgoing;
+pub(crate) mod output;
+pub(crate) mod wasi_config;
+
+mod view;
+mod vvm;
+
+pub use keyvalue::access::KvLimits;
+pub use outgoing::{HttpPolicy, LEASE_HEADER, OutgoingLimits, TOKEN_HEADER};
+pub use wasi_config::ServiceConfig;
+
+pub(crate) use env::{Fenced, ServiceEnv};
+pub(crate) use view::{Interfaces, View};
+
+use wasmtime::component::{HasSelf, Linker};
+use wasmtime_wasi_config::WasiConfig;
+
+use bindings::service::vvm::host::{kv, lease, log};
+use bindings::service::wasi::config::store as config;
+use bindings::service::wasi::keyvalue::{atomics, batch, store};
+
+/// Adds the packages implemented here to `linker`: `vvm:host`, both `wasi:keyvalue` versions,
+/// both `wasi:config/store` versions, and our `wasi:http/outgoing-handler` `handle` (after
+/// wasmtime-wasi-http's own `types`, which it shadows).
+///
+/// # Errors
+/// When the linker already has one of them.
+pub(crate) fn add_to_linker<T: View>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
+    lease::add_to_linker::<_, HasSelf<Interfaces>>(linker, T::interfaces)?;
+    log::add_to_linker::<_, HasSelf<Interfaces>>(linker, T::interfaces)?;
+    kv::add_to_linker::<_, HasSelf<Interfaces>>(linker, T::interfaces)?;
+    store::add_to_linker::<_, HasSelf<Interfaces>>(linker, T::interfaces)?;
+    atomics::add_to_linker::<_, HasSelf<Interfaces>>(linker, T::interfaces)?;
+    batch::add_to_linker::<_, HasSelf<Interfaces>>(linker, T::interfaces)?;
+    keyvalue::add_draft_to_linker(linker)?;
+    config::add_to_linker::<_, HasSelf<ServiceConfig>>(linker, |t| &mut t.interfaces().config)?;
+    wasmtime_wasi_config::add_to_linker(linker, |t| {
+        WasiConfig::from(t.interfaces().config.variables())
+    })?;
+    outgoing::link_handle(linker, |t| &mut t.interfaces().http)
+}
