@@ -35,7 +35,7 @@ build_rust() {
     cp "$wasm/rust_http.wasm" "$out/rust-http.wasm"
     # test guests
     local t
-    for t in trap spin hog nosy effects journal kv_flood kv_bench other_world leak http_client http_hello http_both foreign_import wasi_hello; do
+    for t in trap spin hog nosy effects journal kv_flood kv_bench other_world leak http_client http_hello http_both foreign_import wasi_hello spin_sdk_app; do
         cp "$wasm/test_$t.wasm" "$out/test/${t//_/-}.wasm"
     done
     # A binary, as wstd's README makes an HTTP server.
