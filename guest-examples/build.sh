@@ -72,6 +72,23 @@ build_python() {
     fi
 }
 
+# The Spin Python SDK's test guest, with that SDK's own pinned componentize-py (older than the
+# examples'), in its own .venv-spin/, (re)installed when its requirements.txt is newer.
+# componentize-py finds the world `spin-http` in the venv's spin_sdk package (VIRTUAL_ENV).
+build_spin_python() {
+    local name=spin-python-app venv="$here/.venv-spin" src="$here/test-guests/spin-python-app"
+    if stale "$venv/.installed" "$src/requirements.txt"; then
+        python3 -m venv "$venv"
+        "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$src/requirements.txt"
+        touch "$venv/.installed"
+    fi
+    if stale "$out/test/$name.wasm" "$src"/*.py "$venv/.installed"; then
+        VIRTUAL_ENV="$venv" "$venv/bin/componentize-py" --quiet -w spin-http componentize \
+            -p "$src" app -o "$out/test/$name.wasm.tmp"
+        mv "$out/test/$name.wasm.tmp" "$out/test/$name.wasm"
+    fi
+}
+
 # The locked componentize-js, installed into node_modules/ when the lock is newer. Not
 # `npm ci`: the lock lacks some other platforms' optional binaries, which `npm ci` rejects.
 install_js() {
@@ -111,6 +128,7 @@ build_rust
 install_python
 build_python python-ticker service
 build_python python-http http-service
+build_spin_python
 install_js
 build_js js-ticker ticker.js service
 build_js js-http http.js http-service-js
