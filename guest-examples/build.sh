@@ -35,7 +35,7 @@ build_rust() {
     cp "$wasm/rust_http.wasm" "$out/rust-http.wasm"
     # test guests
     local t
-    for t in trap spin hog nosy effects journal kv_flood kv_bench other_world leak http_client http_hello http_both foreign_import wasi_hello; do
+    for t in trap spin hog nosy effects journal kv_flood kv_bench other_world leak http_client http_hello http_both foreign_import wasi_hello spin_sdk_app; do
         cp "$wasm/test_$t.wasm" "$out/test/${t//_/-}.wasm"
     done
     # A binary, as wstd's README makes an HTTP server.
@@ -69,6 +69,23 @@ build_python() {
         "$here/.venv/bin/componentize-py" --quiet -d "$wit" -w "$world" componentize \
             -p "$here/$name" app -o "$out/$name.wasm.tmp"
         mv "$out/$name.wasm.tmp" "$out/$name.wasm"
+    fi
+}
+
+# The Spin Python SDK's test guest, with that SDK's own pinned componentize-py (older than the
+# examples'), in its own .venv-spin/, (re)installed when its requirements.txt is newer.
+# componentize-py finds the world `spin-http` in the venv's spin_sdk package (VIRTUAL_ENV).
+build_spin_python() {
+    local name=spin-python-app venv="$here/.venv-spin" src="$here/test-guests/spin-python-app"
+    if stale "$venv/.installed" "$src/requirements.txt"; then
+        python3 -m venv "$venv"
+        "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$src/requirements.txt"
+        touch "$venv/.installed"
+    fi
+    if stale "$out/test/$name.wasm" "$src"/*.py "$venv/.installed"; then
+        VIRTUAL_ENV="$venv" "$venv/bin/componentize-py" --quiet -w spin-http componentize \
+            -p "$src" app -o "$out/test/$name.wasm.tmp"
+        mv "$out/test/$name.wasm.tmp" "$out/test/$name.wasm"
     fi
 }
 
@@ -111,6 +128,7 @@ build_rust
 install_python
 build_python python-ticker service
 build_python python-http http-service
+build_spin_python
 install_js
 build_js js-ticker ticker.js service
 build_js js-http http.js http-service-js
