@@ -22,6 +22,7 @@ mod new;
 mod ops;
 mod outgoing_http;
 mod shared_listener;
+mod spin;
 mod spread;
 mod stateful_http;
 mod systemd;
