@@ -70,7 +70,7 @@ fn answers_as_spin_would(addr: SocketAddr) {
     // Spin's text, as each SDK shows it (Rust's Debug escapes the quotes).
     let spins = body.replace('\\', "");
     assert!(
-        spins.contains(r#"Undefined"#) && spins.contains(r#"no variable for "app"."missing""#),
+        spins.contains("Undefined") && spins.contains(r#"no variable for "app"."missing""#),
         "{body}"
     );
     // Spin's names: lower case, digits and single underscores, a letter first.
@@ -132,7 +132,7 @@ fn serve(name: &'static str, dir: &std::path::Path, addr: SocketAddr) -> Host {
 }
 
 /// Spin's Python SDK (3.4.1, componentize-py 0.17.2) imports its whole world: besides
-/// key-value and variables, Spin's outbound Redis, MySQL, PostgreSQL, SQLite, LLM and MQTT.
+/// key-value and variables, Spin's outbound databases, brokers and models.
 /// `check` names those with what to do instead, and the app is served: a call to one of them
 /// would trap, the rest answers as Spin would.
 #[test]

@@ -2,7 +2,9 @@
 //! `vvm:host/service` world (`vvm:host`, `wasi:keyvalue@0.2.0-draft2` and
 //! `wasi:config@0.2.0-draft`; WASI 0.2 itself is wasmtime-wasi's), and
 //! `wasi:keyvalue@0.2.0-draft`, which components built for wasmtime's and wasmCloud's hosts
-//! import. The implementations are in `vvm`, `keyvalue` and `wasi_config`.
+//! import; `fermyon:spin`'s key-value and variables, and `wasi:config@0.2.0-draft-2024-09-27`,
+//! which Spin's SDKs import. The implementations are in `vvm`, `keyvalue`, `wasi_config` and
+//! `spin`.
 
 /// The `vvm:host/service` world.
 pub(crate) mod service {
@@ -34,5 +36,27 @@ pub(crate) mod keyvalue_draft {
         with: {
             "wasi:keyvalue/store.bucket": crate::interfaces::keyvalue::access::Bucket,
         },
+    });
+}
+
+/// `fermyon:spin@2.0.0`'s `key-value` and `variables`, which components made with Spin's SDKs
+/// import (`wit/spin`): a Spin `store` is a bucket of the same buckets.
+pub(crate) mod spin {
+    wasmtime::component::bindgen!({
+        path: "wit/spin",
+        world: "fermyon:spin/host",
+        imports: { default: async | trappable },
+        with: {
+            "fermyon:spin/key-value.store": crate::interfaces::keyvalue::access::Bucket,
+        },
+    });
+}
+
+/// `wasi:config@0.2.0-draft-2024-09-27`, the version Spin's SDKs import (`wit/config-2024`).
+pub(crate) mod config_2024 {
+    wasmtime::component::bindgen!({
+        path: "wit/config-2024",
+        world: "wasi:config/imports",
+        imports: { default: async | trappable },
     });
 }
