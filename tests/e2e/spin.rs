@@ -31,31 +31,38 @@ fn app_dir(guest: &str) -> tempfile::TempDir {
     dir
 }
 
-/// `request` (whole, `connection: close`) on `addr`: the status, the headers as
-/// `name: value` lines (lower case), and the body.
-fn exchange(addr: SocketAddr, request: &str) -> (u16, Vec<String>, String) {
-    let answer = testkit::http::exchange(addr, request.as_bytes());
-    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let headers = lines.map(str::to_ascii_lowercase).collect();
-    (status, headers, body.to_owned())
+/// `method` `path` on `addr` with `body`: the status, the headers as `name: value` lines,
+/// and the body.
+fn request(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, Vec<String>, String) {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(std::time::Duration::from_secs(20)))
+        .build()
+        .into();
+    let url = format!("http://{addr}{path}");
+    let mut response = match method {
+        "POST" => agent.post(&url).send(body),
+        _ => agent.get(&url).call(),
+    }
+    .unwrap();
+    let headers = response
+        .headers()
+        .iter()
+        .map(|(name, value)| format!("{name}: {}", value.to_str().unwrap_or("?")))
+        .collect();
+    let status = response.status().as_u16();
+    (
+        status,
+        headers,
+        response.body_mut().read_to_string().unwrap(),
+    )
 }
 
 /// What the app answers to the routes both SDKs' apps share (see the test guests' docs).
 fn answers_as_spin_would(addr: SocketAddr) {
-    let post = "POST /items/42 HTTP/1.1\r\nhost: t\r\ncontent-length: 2\r\n\
-                connection: close\r\n\r\nv1";
-    let (status, _, body) = exchange(addr, post);
+    let (status, _, body) = request(addr, "POST", "/items/42", "v1");
     assert_eq!((status, body.as_str()), (200, "stored 42"));
-    let (status, headers, body) = exchange(
-        addr,
-        "GET /items/42 HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n",
-    );
+    let (status, headers, body) = request(addr, "GET", "/items/42", "");
     assert_eq!((status, body.as_str()), (200, "v1"));
     assert!(headers.iter().any(|h| h == "item-id: 42"), "{headers:?}");
     let (status, _, body) = get(addr, "/items/7");

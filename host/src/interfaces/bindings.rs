@@ -60,3 +60,16 @@ pub(crate) mod config_2024 {
         imports: { default: async | trappable },
     });
 }
+
+/// `wasi:keyvalue@0.2.0-draft2`'s `batch` as Spin ships it (`wit/keyvalue-spin`): the same
+/// version as upstream's, another `get-many`. Its `store` is the `service` world's.
+pub(crate) mod keyvalue_spin {
+    wasmtime::component::bindgen!({
+        path: "wit/keyvalue-spin",
+        world: "wasi:keyvalue/spin-batch",
+        imports: { default: async | trappable },
+        with: {
+            "wasi:keyvalue/store": super::service::wasi::keyvalue::store,
+        },
+    });
+}

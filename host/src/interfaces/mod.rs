@@ -13,14 +13,16 @@
 //! - `vvm`: `vvm:host/lease` and `vvm:host/log`.
 //! - `keyvalue`: guest key-value (`wasi:keyvalue` draft2 and draft, `vvm:host/kv`): buckets,
 //!   the fence, the limits.
-//! - `wasi_config`: `wasi:config/store` over a service's configuration.
+//! - `wasi_config`: `wasi:config/store` (three versions) over a service's configuration.
+//! - `spin`: Spin's `fermyon:spin/key-value` and `variables`, and stubs of its outbound
+//!   interfaces, which vvm-host does not offer.
 //! - `outgoing`: outgoing `wasi:http`: the allow-list, the address guard, our connector, the
 //!   fence around each exchange, the fencing-token headers, the limits.
 //! - `view`: `Interfaces` and `View`.
 //!
 //! Each package links itself here (`add_to_linker`). Dependencies point one way, in this
 //! order (each uses only modules before it): `keyvalue`'s `access`, `env`, `body`, `output`,
-//! `bindings`, `wasi_config`, `outgoing`, `view`, `vvm`, `keyvalue`.
+//! `bindings`, `wasi_config`, `outgoing`, `view`, `vvm`, `keyvalue`, `spin`.
 
 pub(crate) mod bindings;
 pub(crate) mod body;
@@ -28,6 +30,7 @@ pub(crate) mod env;
 pub(crate) mod keyvalue;
 pub(crate) mod outgoing;
 pub(crate) mod output;
+pub(crate) mod spin;
 pub(crate) mod wasi_config;
 
 mod view;
@@ -43,13 +46,17 @@ pub(crate) use view::{Interfaces, View};
 use wasmtime::component::{HasSelf, Linker};
 use wasmtime_wasi_config::WasiConfig;
 
+use bindings::config_2024::wasi::config::store as config_2024;
 use bindings::service::vvm::host::{kv, lease, log};
 use bindings::service::wasi::config::store as config;
 use bindings::service::wasi::keyvalue::{atomics, batch, store};
+use bindings::spin::fermyon::spin::{key_value as spin_kv, variables as spin_variables};
 
 /// Adds the packages implemented here to `linker`: `vvm:host`, both `wasi:keyvalue` versions,
-/// both `wasi:config/store` versions, and our `wasi:http/outgoing-handler` `handle` (after
-/// wasmtime-wasi-http's own `types`, which it shadows).
+/// the three `wasi:config/store` versions, Spin's key-value and variables, and our
+/// `wasi:http/outgoing-handler` `handle` (after wasmtime-wasi-http's own `types`, which it
+/// shadows). One linker serves every component, and a component's pre-instantiation takes
+/// only what it imports: a package costs nothing to a component that does not import it.
 ///
 /// # Errors
 /// When the linker already has one of them.
@@ -62,8 +69,13 @@ pub(crate) fn add_to_linker<T: View>(linker: &mut Linker<T>) -> wasmtime::Result
     batch::add_to_linker::<_, HasSelf<Interfaces>>(linker, T::interfaces)?;
     keyvalue::add_draft_to_linker(linker)?;
     config::add_to_linker::<_, HasSelf<ServiceConfig>>(linker, |t| &mut t.interfaces().config)?;
+    config_2024::add_to_linker::<_, HasSelf<ServiceConfig>>(linker, |t| {
+        &mut t.interfaces().config
+    })?;
     wasmtime_wasi_config::add_to_linker(linker, |t| {
         WasiConfig::from(t.interfaces().config.variables())
     })?;
+    spin_kv::add_to_linker::<_, HasSelf<Interfaces>>(linker, T::interfaces)?;
+    spin_variables::add_to_linker::<_, HasSelf<Interfaces>>(linker, T::interfaces)?;
     outgoing::link_handle(linker, |t| &mut t.interfaces().http)
 }

@@ -1,11 +1,13 @@
 //! `wasi:config/store` (SPEC §10): a service's `[service.NAME.config]` ([`ServiceConfig`]),
-//! read-only, at `@0.2.0-draft` (upstream's; implemented here) and `@0.2.0-rc.1` (wasmtime's
-//! and wasmCloud's; `wasmtime-wasi-config`'s implementation over the same values). The values
+//! read-only, at `@0.2.0-draft` (upstream's; implemented here), `@0.2.0-draft-2024-09-27`
+//! (the one Spin's SDKs import; implemented here) and `@0.2.0-rc.1` (wasmtime's and
+//! wasmCloud's; `wasmtime-wasi-config`'s implementation over the same values). The values
 //! are read when the settings are ([`ServiceConfig::resolve`]): a call never touches the
 //! environment or a file, and has no effect to fence.
 
 use std::sync::Arc;
 
+use super::bindings::config_2024::wasi::config::store as store_2024;
 use super::bindings::service::wasi::config::store;
 use crate::config::{ConfigError, ConfigValue};
 
@@ -15,6 +17,21 @@ impl store::Host for ServiceConfig {
     }
 
     async fn get_all(&mut self) -> wasmtime::Result<Result<Vec<(String, String)>, store::Error>> {
+        Ok(Ok(self.all().to_vec()))
+    }
+}
+
+impl store_2024::Host for ServiceConfig {
+    async fn get(
+        &mut self,
+        key: String,
+    ) -> wasmtime::Result<Result<Option<String>, store_2024::Error>> {
+        Ok(Ok(ServiceConfig::get(self, &key).map(str::to_owned)))
+    }
+
+    async fn get_all(
+        &mut self,
+    ) -> wasmtime::Result<Result<Vec<(String, String)>, store_2024::Error>> {
         Ok(Ok(self.all().to_vec()))
     }
 }

@@ -13,6 +13,7 @@ use super::component::{LoadError, LoadErrorKind, ServiceKind, service_name};
 use super::config::Grants;
 use super::wasm_services::WasmServices;
 use super::{RuntimeConfig, RuntimeError};
+use crate::interfaces::spin;
 use crate::ops::Ops;
 
 /// What `vvm-host check DIR` reports: the services that load, the files that do not, and
@@ -72,6 +73,7 @@ pub fn check(config: RuntimeConfig, file: Option<PathBuf>) -> Result<CheckReport
         .flat_map(|svc| {
             let mut notes = grant_notes(&svc.name, &svc.imports, &grants);
             notes.extend(unrun_note(&svc.name, svc.kind(), &svc.exports));
+            notes.extend(outbound_note(&svc.name, &svc.imports));
             if svc.serves_http()
                 && let Some((note, help)) = &sharing
             {
@@ -171,8 +173,29 @@ fn unrun_note(name: &str, kind: ServiceKind, exports: &[String]) -> Option<Note>
     })
 }
 
+/// Which of Spin's outbound interfaces, which vvm-host does not offer, service `name`
+/// imports (`interfaces::spin`: they are stubs that trap when called).
+fn outbound_note(name: &str, imports: &[String]) -> Option<Note> {
+    let outbound: Vec<String> = imports
+        .iter()
+        .filter_map(|i| Some(format!("{i} ({})", spin::outbound(i)?)))
+        .collect();
+    (!outbound.is_empty()).then(|| Note {
+        service: name.to_owned(),
+        note: format!(
+            "it imports Spin's outbound {}, which vvm-host does not offer: a call to one \
+             traps (a Spin SDK imports them whether the app uses them or not)",
+            outbound.join(", ")
+        ),
+        help: "keep a service's state in its fenced key-value store (`wasi:keyvalue`, or \
+               Spin's key-value), and reach other systems over outgoing HTTP (`http` \
+               grants)"
+            .to_owned(),
+    })
+}
+
 /// The packages the host provides interfaces of (in some versions).
-const PROVIDED_PACKAGES: [&str; 10] = [
+const PROVIDED_PACKAGES: [&str; 11] = [
     "vvm:host",
     "wasi:cli",
     "wasi:io",
@@ -183,12 +206,14 @@ const PROVIDED_PACKAGES: [&str; 10] = [
     "wasi:http",
     "wasi:keyvalue",
     "wasi:config",
+    "fermyon:spin",
 ];
 
 /// What the host provides, for a help line about an import it does not.
 const PROVIDED: &str = "vvm:host/lease, log and kv @0.1.0; WASI 0.2.x (cli, io, clocks, \
                         random, filesystem, sockets, http); wasi:keyvalue @0.2.0-draft and \
-                        @0.2.0-draft2; wasi:config/store @0.2.0-draft and @0.2.0-rc.1";
+                        @0.2.0-draft2; wasi:config/store @0.2.0-draft, @0.2.0-draft-2024-09-27 and \
+                        @0.2.0-rc.1; fermyon:spin/key-value and variables @2.0.0";
 
 /// What to change so that a file rejected for `kind` loads, if there is more to say than
 /// the error does.
@@ -236,9 +261,6 @@ fn import_help(text: &str) -> String {
              0.2 interfaces"
         );
     }
-    if let Some(help) = spin_help(name, package) {
-        return help;
-    }
     let provided = PROVIDED_PACKAGES.contains(&package.split('/').next().unwrap_or(package));
     if provided {
         return format!(
@@ -251,35 +273,6 @@ fn import_help(text: &str) -> String {
         "remove the import of `{name}` (a library may pull it in) or build against \
          vvm-host's WIT; the host provides {PROVIDED}"
     )
-}
-
-/// What to do about `name` (of `package`, without its version) if it is one of Spin's
-/// interfaces that vvm-host does not link: the outbound databases, message brokers and
-/// models that a Spin SDK imports when a component uses them.
-fn spin_help(name: &str, package: &str) -> Option<String> {
-    let (namespace, rest) = package.split_once(':')?;
-    // `fermyon:spin/redis`, and the newer `spin:redis/redis` alike.
-    let what = match namespace {
-        "fermyon" => rest.strip_prefix("spin/")?,
-        "spin" => rest.split('/').next()?,
-        _ => return None,
-    };
-    let outbound = match what {
-        "redis" | "redis-types" => "Redis",
-        "mysql" => "MySQL",
-        "postgres" => "PostgreSQL",
-        "rdbms-types" => "relational database",
-        "sqlite" => "SQLite",
-        "llm" => "LLM inferencing",
-        "mqtt" => "MQTT",
-        _ => return None,
-    };
-    Some(format!(
-        "`{name}` is Spin's outbound {outbound}, which vvm-host does not offer: keep a \
-         service's state in its fenced key-value store (`wasi:keyvalue`), and reach other \
-         systems over outgoing HTTP (`http` grants); remove the use of that SDK module (the \
-         import goes with it)"
-    ))
 }
 
 #[cfg(test)]
@@ -317,35 +310,6 @@ mod tests {
             wrong.contains("not as the component was built against (@0.2.6)"),
             "{wrong}"
         );
-    }
-
-    #[test]
-    fn spins_outbound_imports_are_named_as_not_offered() {
-        for (import, what) in [
-            ("fermyon:spin/redis@2.0.0", "Redis"),
-            ("fermyon:spin/postgres@2.0.0", "PostgreSQL"),
-            ("fermyon:spin/mysql@2.0.0", "MySQL"),
-            ("fermyon:spin/sqlite@2.0.0", "SQLite"),
-            ("fermyon:spin/llm@2.0.0", "LLM"),
-            ("fermyon:spin/mqtt@2.0.0", "MQTT"),
-            ("spin:postgres/postgres@4.0.0", "PostgreSQL"),
-            ("spin:sqlite/sqlite@3.0.0", "SQLite"),
-        ] {
-            let help = import_help(&format!(
-                "component imports instance `{import}`, but a matching implementation was not \
-                 found in the linker"
-            ));
-            assert!(
-                help.starts_with(&format!("`{import}` is Spin's outbound {what}")),
-                "{help}"
-            );
-            assert!(help.contains("wasi:keyvalue"), "{help}");
-        }
-        let other = import_help(
-            "component imports instance `fermyon:spin/other@2.0.0`, but a matching \
-             implementation was not found in the linker",
-        );
-        assert!(other.starts_with("remove the import"), "{other}");
     }
 
     #[test]

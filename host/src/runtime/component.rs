@@ -333,7 +333,12 @@ fn classify(
             exports.join(", ")
         )));
     }
-    let pre = linker
+    // A Spin SDK's component: its outbound imports stubbed, Spin's `batch` if it has it.
+    let own =
+        crate::interfaces::spin::for_spin(linker, component).map_err(LoadErrorKind::Imports)?;
+    let pre = own
+        .as_ref()
+        .unwrap_or(linker)
         .instantiate_pre(component)
         .map_err(LoadErrorKind::Imports)?;
     let handler = is_http
