@@ -38,7 +38,6 @@
 //! Fire times are always in real-time order.
 
 use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeZone as _};
@@ -47,11 +46,13 @@ use croner::Cron;
 use croner::parser::{CronParser, Seconds, Year};
 
 mod due;
+mod policy;
 
 pub use due::{
     Due, DueQuery, MAX_CATCH_UP, MAX_MISSED_LISTED, MIN_DEFAULT_STARTING_DEADLINE, Missed,
     MissedReason,
 };
+pub use policy::{CatchUp, Concurrency, UnknownPolicy};
 
 /// The time zone of a schedule that names none.
 pub const DEFAULT_TIMEZONE: &str = "UTC";
@@ -108,11 +109,11 @@ impl fmt::Display for FireTime {
 #[non_exhaustive]
 pub enum ScheduleError {
     /// The cron expression is not one of the accepted dialect.
-    #[error("cron expression {expression:?}: {reason}")]
+    #[error("cron expression {expression:?} {reason}")]
     Expression {
         /// The expression as written.
         expression: String,
-        /// Why it is refused.
+        /// Why it is refused, as a predicate (`has 4 fields`).
         reason: String,
     },
     /// The expression parses but no instant matches it (`0 0 30 2 *`).
@@ -148,9 +149,11 @@ impl Schedule {
     /// # Errors
     /// [`ScheduleError`], naming the expression or the zone and the reason.
     pub fn parse(expression: &str, timezone: &str) -> Result<Self, ScheduleError> {
-        let timezone = Tz::from_str(timezone).map_err(|_| ScheduleError::Timezone {
-            timezone: timezone.to_owned(),
-        })?;
+        let timezone = timezone
+            .parse::<Tz>()
+            .map_err(|_| ScheduleError::Timezone {
+                timezone: timezone.to_owned(),
+            })?;
         let refuse = |reason: &str| ScheduleError::Expression {
             expression: expression.to_owned(),
             reason: reason.to_owned(),
@@ -164,7 +167,7 @@ impl Schedule {
             .sloppy_ranges(false)
             .build()
             .parse(expression)
-            .map_err(|e| refuse(&e.to_string()))?;
+            .map_err(|e| refuse(&format!("is not valid: {e}")))?;
         let schedule = Self {
             expression: expression.trim().to_owned(),
             timezone,
@@ -224,9 +227,8 @@ impl Schedule {
     /// length at DST): the gap in force at `now`.
     pub fn interval_around(&self, now: FireTime) -> Option<Duration> {
         let next = self.next_after(now)?;
-        let before = match self.latest_at_or_before(now) {
-            Some(before) => before,
-            None => return gap(next, self.next_after(next)?),
+        let Some(before) = self.latest_at_or_before(now) else {
+            return gap(next, self.next_after(next)?);
         };
         gap(before, next)
     }
@@ -278,7 +280,7 @@ fn check_dialect(expression: &str) -> Result<(), String> {
     }
     if text.contains('+') {
         return Err(
-            "`+` (day-of-month AND day-of-week) is not accepted: a day matching \
+            "uses `+` (day-of-month AND day-of-week), which is not accepted: a day matching \
                     either field fires, as in Vixie cron"
                 .into(),
         );
@@ -312,94 +314,6 @@ impl Iterator for FireTimes<'_> {
                 None
             }
         }
-    }
-}
-
-/// What a new or continuing leader does with the fire times that came due and were not
-/// started (`catch-up`). See [`Schedule::due`] for the exact rule.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum CatchUp {
-    /// Start the latest due fire time; older due ones are missed (the default, and what
-    /// Kubernetes' CronJob controller does).
-    #[default]
-    Latest,
-    /// Start every due fire time, oldest first, at most [`MAX_CATCH_UP`] of them.
-    All,
-    /// Start a fire time only if it came due while this host led; drop what came due while
-    /// no host did.
-    None,
-}
-
-/// What a fire time does while the previous run of the service is still going
-/// (`concurrency`), as Kubernetes' `concurrencyPolicy`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum Concurrency {
-    /// The fire time is skipped, and recorded as skipped (the default; Kubernetes' `Forbid`).
-    #[default]
-    Skip,
-    /// A second run starts beside the first (Kubernetes' `Allow`).
-    Allow,
-}
-
-/// A policy's name is not one of its values.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{value:?} is not one of {expected}")]
-pub struct UnknownPolicy {
-    /// The name as written.
-    pub value: String,
-    /// The names accepted.
-    pub expected: &'static str,
-}
-
-impl FromStr for CatchUp {
-    type Err = UnknownPolicy;
-
-    /// `latest`, `all` or `none`.
-    fn from_str(s: &str) -> Result<Self, UnknownPolicy> {
-        match s {
-            "latest" => Ok(Self::Latest),
-            "all" => Ok(Self::All),
-            "none" => Ok(Self::None),
-            _ => Err(UnknownPolicy {
-                value: s.to_owned(),
-                expected: "latest, all, none",
-            }),
-        }
-    }
-}
-
-impl fmt::Display for CatchUp {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Latest => "latest",
-            Self::All => "all",
-            Self::None => "none",
-        })
-    }
-}
-
-impl FromStr for Concurrency {
-    type Err = UnknownPolicy;
-
-    /// `skip` or `allow`.
-    fn from_str(s: &str) -> Result<Self, UnknownPolicy> {
-        match s {
-            "skip" => Ok(Self::Skip),
-            "allow" => Ok(Self::Allow),
-            _ => Err(UnknownPolicy {
-                value: s.to_owned(),
-                expected: "skip, allow",
-            }),
-        }
-    }
-}
-
-impl fmt::Display for Concurrency {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Skip => "skip",
-            Self::Allow => "allow",
-        })
     }
 }
 

@@ -22,21 +22,22 @@ fn query(now: FireTime, last: Option<i64>, leading_since: FireTime, catch_up: Ca
         now: now.unix(),
         last_started: last.map(|m| at(m, 0)),
         leading_since: leading_since.unix(),
-        starting_deadline: Some(Duration::from_secs(120)),
+        starting_deadline: Some(Duration::from_mins(2)),
         catch_up,
     }
 }
 
 /// Every minute; a leader looks at `now`. Each row: the query, the fire times started, the
 /// missed ones (oldest first).
-#[test]
-fn each_catch_up_policy_starts_and_misses_as_its_rule_says() {
+type Case = (&'static str, DueQuery, Vec<FireTime>, Vec<Missed>);
+
+/// The rows of [`each_catch_up_policy_starts_and_misses_as_its_rule_says`].
+fn catch_up_cases() -> Vec<Case> {
     use CatchUp::{All, Latest, None as NoCatchUp};
     use MissedReason::{NotCaughtUp, PastDeadline, Superseded};
-    let s = schedule("* * * * *");
     let outage = at(10, 5); // the last start was 12:04; a leader looks at 12:10:05
     let cat = |a: Vec<Missed>, b: Vec<Missed>| [a, b].concat();
-    let cases: Vec<(&str, DueQuery, Vec<FireTime>, Vec<Missed>)> = vec![
+    vec![
         (
             "on time",
             query(at(5, 3), Some(4), at(0, 0), Latest),
@@ -121,15 +122,20 @@ fn each_catch_up_policy_starts_and_misses_as_its_rule_says() {
             vec![],
             vec![],
         ),
-    ];
-    for (name, q, start, miss) in cases {
+    ]
+}
+
+#[test]
+fn each_catch_up_policy_starts_and_misses_as_its_rule_says() {
+    let s = schedule("* * * * *");
+    for (name, q, start, miss) in catch_up_cases() {
         let due = s.due(&q);
         assert_eq!(
             (&due.start, &due.missed, due.more_missed),
             (&start, &miss, false),
             "{name}"
         );
-        assert_eq!(due.starting_deadline, Duration::from_secs(120), "{name}");
+        assert_eq!(due.starting_deadline, Duration::from_mins(2), "{name}");
         assert_eq!(due.next, s.next_after(FireTime::from_unix(q.now)), "{name}");
     }
 }
@@ -153,7 +159,7 @@ fn the_deadline_includes_its_last_second() {
         ..query(at(11, 0), Some(9), at(0, 0), CatchUp::All)
     };
     let due = s.due(&default);
-    assert_eq!(due.starting_deadline, Duration::from_secs(60));
+    assert_eq!(due.starting_deadline, Duration::from_mins(1));
     assert_eq!(due.start, [at(10, 0), at(11, 0)]);
 }
 
@@ -168,7 +174,7 @@ fn catching_up_and_listing_are_bounded() {
         now: t + 1000,
         last_started: Some(second(0)),
         leading_since: t,
-        starting_deadline: Some(Duration::from_secs(300)),
+        starting_deadline: Some(Duration::from_mins(5)),
         catch_up: CatchUp::All,
     });
     assert_eq!(all.start, (901..=1000).map(second).collect::<Vec<_>>());
