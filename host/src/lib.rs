@@ -24,6 +24,8 @@
 //! - [`store`]: the TTL store contract and its backends (memory, redb, etcd).
 //! - [`lease`]: the local lease deadline, and the tempo of `L` (renew, attempt, retry, release).
 //! - [`lease_value`]: a lease record's value: the holder and the services under the lease.
+//! - [`schedule`]: a scheduled service's cron expression, its fire times, and which of them a
+//!   leader starts now (pure: the runtime records and runs them).
 //! - [`keys`]: the store's key layout: every record vvm-host writes, by prefix.
 //! - [`log_output`]: stderr written without ever waiting for its reader; one-line errors.
 //! - [`fs`]: reading a file an operator named: regular, unblocking, bounded.
@@ -41,7 +43,7 @@
 //! 7. `problem`, `config`
 //! 8. `ops`, `killer`, `holder`
 //! 9. `store`
-//! 10. `lease`, `lease_value`, `keys`, `log_output`, `fs`
+//! 10. `lease`, `lease_value`, `schedule`, `keys`, `log_output`, `fs`
 //! 11. `clock`
 
 pub mod cli;
@@ -60,6 +62,7 @@ pub mod ops;
 pub mod placement;
 pub mod problem;
 pub mod runtime;
+pub mod schedule;
 pub mod server;
 pub mod services;
 pub mod store;

@@ -201,6 +201,7 @@ pub(super) fn check_services(grants: &BTreeMap<String, GrantConfig>) -> Result<(
                 reason: format!("service {name}: bucket {bucket:?} {reason}"),
             })?;
         }
+        grant.schedule_settings(name)?;
         if let Some(key) = grant.config.keys().find(|k| k.is_empty()) {
             return Err(ConfigError::Invalid {
                 name: "service.*.config",

@@ -2,7 +2,7 @@
 //!
 //! This module owns every default (`DEFAULT_*`) and the resolution of [`Settings`]; `bounds`
 //! every bound (`MIN_*`, `MAX_*`) and their check, `service` the `[service.NAME]` table, `route`
-//! an HTTP service's `route`,
+//! an HTTP service's `route`, `schedule` a scheduled service's keys,
 //! `parse` the text forms, `error` the [`ConfigError`]. Precedence: command-line flag, then
 //! environment variable (both via clap, in `cli`, which hands them over as a [`FileConfig`]
 //! layer), then the configuration file, then the built-in default.
@@ -18,6 +18,7 @@ mod bounds;
 mod error;
 mod parse;
 mod route;
+mod schedule;
 mod service;
 
 pub use bounds::{
@@ -31,6 +32,9 @@ pub use error::ConfigError;
 use parse::{opt_addr, opt_duration, opt_http_addr};
 pub use parse::{parse_duration, parse_http_addr, parse_metrics_addr};
 pub use route::{Route, pick as pick_route};
+pub use schedule::{
+    MAX_RUN_TIMEOUT, MAX_STARTING_DEADLINE, MIN_STARTING_DEADLINE, ScheduleSettings,
+};
 pub use service::{
     ConfigValue, GrantConfig, HAND_OVER_MEMORY, IncomingHttpConfig, KvLimitsConfig, OnFailure,
     OutgoingHttpConfig,

@@ -1,5 +1,5 @@
-//! The text forms of settings: durations (`20s`, `1500ms`), addresses, and their serde glue
-//! for `vvm.toml`.
+//! The text forms of settings: durations (`20s`, `1500ms`), addresses, names of a policy
+//! (anything [`std::str::FromStr`]), and their serde glue for `vvm.toml`.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -77,5 +77,21 @@ pub(super) mod opt_duration {
         super::parse_duration(&text)
             .map(Some)
             .map_err(serde::de::Error::custom)
+    }
+}
+
+pub(super) mod opt_from_str {
+    use std::fmt::Display;
+    use std::str::FromStr;
+
+    use serde::{Deserialize, Deserializer};
+
+    pub fn deserialize<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: FromStr<Err: Display>,
+    {
+        let text = String::deserialize(d)?;
+        text.parse().map(Some).map_err(serde::de::Error::custom)
     }
 }

@@ -1,6 +1,7 @@
 //! `[service.NAME]` in `vvm.toml` (SPEC §6, §8, §10): what one service may reach beyond its
 //! sandbox, its key-value buckets and limits, its configuration, and what its failures do. The
-//! runtime turns it into its grants (`runtime::config`).
+//! runtime turns it into its grants (`runtime::config`). A scheduled service's keys (`schedule`
+//! and the keys only it reads) are parsed by `config::schedule`.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -9,7 +10,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::parse::opt_duration;
+use super::parse::{opt_duration, opt_from_str};
+use crate::schedule::{CatchUp, Concurrency};
 
 /// `[service.NAME]`: what one service may reach beyond its sandbox. Nothing by default.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -57,6 +59,28 @@ pub struct GrantConfig {
     /// ending in `/...` (`"/api/..."`, `"/..."` for every path) or an exact path
     /// (`"/hello"`). Default: `/NAME/...`.
     pub route: Option<String>,
+    /// `schedule`: a cron expression (SPEC §11, dialect in [`crate::schedule`]); the service
+    /// runs once per fire time, on the leader. Not scheduled when absent.
+    pub schedule: Option<String>,
+    /// `timezone`: the IANA zone of `schedule` (`"Europe/Berlin"`); UTC when absent.
+    pub timezone: Option<String>,
+    /// `starting-deadline`: how late a fire time may still start; the schedule's interval when
+    /// absent.
+    #[serde(default, with = "opt_duration")]
+    pub starting_deadline: Option<Duration>,
+    /// `catch-up`: `latest` (when absent), `all` or `none`.
+    #[serde(default, with = "opt_from_str")]
+    pub catch_up: Option<CatchUp>,
+    /// `concurrency`: `skip` (when absent) or `allow`, for a fire time that comes while a run
+    /// is still going.
+    #[serde(default, with = "opt_from_str")]
+    pub concurrency: Option<Concurrency>,
+    /// `run-timeout`: the longest one run may take; unbounded when absent.
+    #[serde(default, with = "opt_duration")]
+    pub run_timeout: Option<Duration>,
+    /// `retry-cut-runs`: whether a run cut by a lost lease is started again by the next
+    /// leader; `false` when absent.
+    pub retry_cut_runs: Option<bool>,
 }
 
 /// `[incoming-http]`: limits on the requests the host serves to HTTP services on `http-addr`
