@@ -35,11 +35,13 @@ build_rust() {
     cp "$wasm/rust_http.wasm" "$out/rust-http.wasm"
     # test guests
     local t
-    for t in trap spin hog nosy effects journal kv_flood kv_bench other_world leak http_client http_hello http_both foreign_import wasi_hello spin_sdk_app; do
+    for t in trap spin hog nosy effects journal kv_flood kv_bench other_world leak http_client http_hello http_both foreign_import wasi_hello spin_sdk_app cron_sdk_app; do
         cp "$wasm/test_$t.wasm" "$out/test/${t//_/-}.wasm"
     done
     # A binary, as wstd's README makes an HTTP server.
     cp "$wasm/test-wstd-hello.wasm" "$out/test/wstd-hello.wasm"
+    # A plain command (fn main) for scheduled services.
+    cp "$wasm/test-fire-command.wasm" "$out/test/fire-command.wasm"
 }
 
 wit="$here/../wit"
@@ -61,14 +63,19 @@ install_python() {
     fi
 }
 
-# build_python NAME WORLD: NAME/app.py into out/NAME.wasm for WORLD, when a source is newer.
-# Bindings are generated into the build, not kept in the tree.
+# build_python NAME WORLD [test]: NAME/app.py into out/NAME.wasm for WORLD, when a source is
+# newer; with `test`, test-guests/NAME/app.py into out/test/NAME.wasm. WORLD is in ../wit or
+# its deps (e.g. `wasi:cli/command`). Bindings are generated into the build, not kept in the tree.
 build_python() {
-    local name=$1 world=$2 installed="$here/.venv/.installed"
-    if stale "$out/$name.wasm" "$here/$name"/*.py "$wit" "$installed"; then
+    local name=$1 world=$2 installed="$here/.venv/.installed" src="$here/$1" dest="$out/$1.wasm"
+    if [[ "${3:-}" == test ]]; then
+        src="$here/test-guests/$name"
+        dest="$out/test/$name.wasm"
+    fi
+    if stale "$dest" "$src"/*.py "$wit" "$installed"; then
         "$here/.venv/bin/componentize-py" --quiet -d "$wit" -w "$world" componentize \
-            -p "$here/$name" app -o "$out/$name.wasm.tmp"
-        mv "$out/$name.wasm.tmp" "$out/$name.wasm"
+            -p "$src" app -o "$dest.tmp"
+        mv "$dest.tmp" "$dest"
     fi
 }
 
@@ -128,6 +135,7 @@ build_rust
 install_python
 build_python python-ticker service
 build_python python-http http-service
+build_python fire-python wasi:cli/command test
 build_spin_python
 install_js
 build_js js-ticker ticker.js service

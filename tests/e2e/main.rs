@@ -21,6 +21,7 @@ mod netns;
 mod new;
 mod ops;
 mod outgoing_http;
+mod schedule;
 mod shared_listener;
 mod spin;
 mod spread;
