@@ -11,6 +11,8 @@
 //! handover/NAME     a service handed to another host            value: JSON (runtime)
 //! kv space          guests' key-value records, in their own table or range, by namespace:
 //!                   a service's name, or bucket/NAME for a shared bucket
+//! kv schedule/NAME  a scheduled service's runs, one per fire time  value: JSON (runtime)
+//!                   under fire/SECONDS (20 digits: byte order is time order)
 //! ```
 
 /// The prefix of the slots' lease records.
@@ -35,6 +37,12 @@ pub const HAND_OVER_PREFIX: &str = "handover/";
 /// namespace is its name, which has no `/`, so the two never meet.
 pub const BUCKET_PREFIX: &str = "bucket/";
 
+/// The prefix of the key-value namespaces of scheduled services' run records.
+pub const SCHEDULE_PREFIX: &str = "schedule/";
+
+/// The prefix of a run record's key in its service's schedule namespace.
+pub const FIRE_PREFIX: &str = "fire/";
+
 /// The store key of slot `slot`.
 pub fn slot_key(slot: u32) -> String {
     format!("{SLOT_PREFIX}{slot}")
@@ -58,4 +66,22 @@ pub fn hand_over_key(name: &str) -> String {
 /// The key-value namespace of the shared bucket `name`.
 pub fn bucket_space(name: &str) -> String {
     format!("{BUCKET_PREFIX}{name}")
+}
+
+/// The key-value namespace of the run records of the scheduled service `name`.
+pub fn schedule_space(name: &str) -> String {
+    format!("{SCHEDULE_PREFIX}{name}")
+}
+
+/// The key of the run record of the fire time `unix_seconds` (zero-padded, so that keys sort
+/// as the times do; a time before 1970 has none).
+pub fn fire_key(unix_seconds: i64) -> Option<String> {
+    u64::try_from(unix_seconds)
+        .ok()
+        .map(|s| format!("{FIRE_PREFIX}{s:020}"))
+}
+
+/// The fire time of the run record `key`, if it is one.
+pub fn fire_time_of(key: &str) -> Option<i64> {
+    key.strip_prefix(FIRE_PREFIX)?.parse().ok()
 }

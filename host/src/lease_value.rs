@@ -13,11 +13,13 @@
 //! services = JSON array of service
 //! service  = [name, version, since]         ; running, never failed: as older records
 //!          | [name, version, since, state, restarts, reason, until_ms]
+//!          | [name, version, since, state, restarts, reason, until_ms, schedule]
 //! ```
 //!
 //! `since` is Unix seconds; `state` is `running`, `backing-off` or `stopped`; `reason` (or
 //! `null`) is cut to [`MAX_REASON_CHARS`]; `until_ms` (or `null`) is when a service backing
-//! off starts again, Unix milliseconds.
+//! off starts again, Unix milliseconds. `schedule`, for a scheduled service, is a JSON object
+//! ([`ScheduleStatus`]): its schedule, its last fire time and outcome, and its next.
 //!
 //! e.g. `myhost/4242/18a3f0c2/0\n[["ticker","3fa1c09be2d4",1795467301]]`. A holder never
 //! contains a newline ([`crate::holder::holder_value`] replaces control characters), so the first
@@ -75,6 +77,40 @@ pub struct ServiceStatus {
     pub restarts: u32,
     /// Why it last failed or stopped, cut to [`MAX_REASON_CHARS`]; `None` if it never did.
     pub reason: Option<String>,
+    /// For a scheduled service, its schedule, last run and next fire time.
+    pub schedule: Option<ScheduleStatus>,
+}
+
+/// A scheduled service's schedule as `status` shows it (SPEC §11).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ScheduleStatus {
+    /// The cron expression.
+    pub schedule: String,
+    /// Its time zone.
+    pub timezone: String,
+    /// The last fire time looked at, and what became of it.
+    #[serde(default)]
+    pub last: Option<RunStatus>,
+    /// The next fire time, Unix seconds.
+    #[serde(default)]
+    pub next: Option<i64>,
+}
+
+/// What became of one fire time.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RunStatus {
+    /// The fire time, Unix seconds.
+    pub fire: i64,
+    /// `ok`, `error`, `cut`, `skipped` or `missed`.
+    pub outcome: String,
+    /// For `error`, what went wrong (cut to [`MAX_REASON_CHARS`]); for `missed`, why.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// How long it ran, for a run that ended.
+    #[serde(default)]
+    pub duration_ms: Option<u64>,
+    /// The term it was run (or looked at) under.
+    pub term: u64,
 }
 
 impl ServiceStatus {
@@ -87,6 +123,7 @@ impl ServiceStatus {
             state: ServiceState::Running,
             restarts: 0,
             reason: None,
+            schedule: None,
         }
     }
 }
@@ -111,7 +148,11 @@ fn entry(s: &ServiceStatus) -> Value {
         Value::from(s.version.as_str()),
         Value::from(s.since),
     ];
-    if s.state != ServiceState::Running || s.restarts > 0 || s.reason.is_some() {
+    if s.state != ServiceState::Running
+        || s.restarts > 0
+        || s.reason.is_some()
+        || s.schedule.is_some()
+    {
         let until = match s.state {
             ServiceState::BackingOff { until_ms } => Value::from(until_ms),
             _ => Value::Null,
@@ -126,6 +167,9 @@ fn entry(s: &ServiceStatus) -> Value {
             reason,
             until,
         ]);
+        if let Some(schedule) = &s.schedule {
+            fields.push(serde_json::to_value(schedule).unwrap_or(Value::Null));
+        }
     }
     Value::Array(fields)
 }
@@ -175,6 +219,9 @@ fn parse(fields: &[Value]) -> Option<ServiceStatus> {
             .and_then(Value::as_u64)
             .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX));
         status.reason = fields.get(5).and_then(Value::as_str).map(str::to_owned);
+        status.schedule = fields
+            .get(7)
+            .and_then(|v| serde_json::from_value(v.clone()).ok());
     }
     Some(status)
 }
@@ -243,6 +290,31 @@ mod tests {
 
     fn svc(name: &str, since: u64) -> ServiceStatus {
         ServiceStatus::running(name, "0123456789ab", since)
+    }
+
+    /// A scheduled service's schedule, last run and next fire time come back as written; a
+    /// reader of the seven-field form reads the rest of the entry as before.
+    #[test]
+    fn a_schedule_round_trips_beside_the_state() {
+        let mut s = svc("report", 1_795_467_301);
+        s.schedule = Some(ScheduleStatus {
+            schedule: "0 */5 * * * *".into(),
+            timezone: "Europe/Berlin".into(),
+            last: Some(RunStatus {
+                fire: 1_795_467_600,
+                outcome: "error".into(),
+                error: Some("exited with code 1".into()),
+                duration_ms: Some(12),
+                term: 3,
+            }),
+            next: Some(1_795_467_900),
+        });
+        let value = encode("h/1/ff/0", std::slice::from_ref(&s));
+        assert_eq!(services(&value), vec![s.clone()]);
+        let json = value.split_once('\n').unwrap().1;
+        let list: Vec<Vec<Value>> = serde_json::from_str(json).unwrap();
+        assert_eq!(list[0].len(), 8, "{json}");
+        assert_eq!(list[0][3], "running");
     }
 
     #[test]

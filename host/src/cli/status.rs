@@ -15,8 +15,10 @@ use crate::store::{self, Record};
 /// their state (running, backing off until when, stopped), restarts and last reason. A table,
 /// or with `json` one JSON object (`{"slots": [{"slot", "holder", "term", "time_left_ms",
 /// "services": [{"name", "version", "since", "state", "restarts", "reason",
-/// "backing_off_until"}]}]}`, `since` in Unix seconds, `backing_off_until` in Unix
-/// milliseconds or `null`, `null`s for a free slot). The services are those the leader wrote
+/// "backing_off_until", "schedule"}]}]}`, `since` in Unix seconds, `backing_off_until` in Unix
+/// milliseconds or `null`, `null`s for a free slot; `schedule`, for a scheduled service,
+/// `{"schedule", "timezone", "last": {"fire", "outcome", "error", "duration_ms", "term"},
+/// "next"}` with fire times in Unix seconds, else `null`). The services are those the leader wrote
 /// with its last renewal ([`crate::lease_value`]). Under spread placement (or whenever there
 /// are any), the members and each service's claim instead (JSON: `"members": [{"holder",
 /// "time_left_ms"}]`, `"claims": [{"service", "holder", "term", "time_left_ms"}]`, always
@@ -181,7 +183,7 @@ fn service_json(s: &ServiceStatus) -> serde_json::Value {
     serde_json::json!({
         "name": s.name, "version": s.version, "since": s.since,
         "state": s.state.name(), "restarts": s.restarts, "reason": s.reason,
-        "backing_off_until": until,
+        "backing_off_until": until, "schedule": s.schedule,
     })
 }
 
@@ -208,6 +210,50 @@ fn print_service(out: &mut impl Write, s: &ServiceStatus) -> std::io::Result<()>
     if let Some(reason) = &s.reason {
         let reason = crate::log_output::escaped(reason);
         writeln!(out, "{:<6}     last: {reason}", "")?;
+    }
+    if let Some(schedule) = &s.schedule {
+        print_schedule(out, schedule)?;
+    }
+    Ok(())
+}
+
+/// A scheduled service's schedule, last fire time and next, as lines of the table.
+fn print_schedule(
+    out: &mut impl Write,
+    s: &crate::lease_value::ScheduleStatus,
+) -> std::io::Result<()> {
+    let at = |unix: i64| {
+        let t = std::time::UNIX_EPOCH
+            + std::time::Duration::from_secs(u64::try_from(unix).unwrap_or(0));
+        humantime::format_rfc3339_seconds(t).to_string()
+    };
+    let escaped = |text: &str| crate::log_output::escaped(text).into_owned();
+    writeln!(
+        out,
+        "{:<6}     schedule \"{}\" ({})",
+        "",
+        escaped(&s.schedule),
+        escaped(&s.timezone)
+    )?;
+    if let Some(run) = &s.last {
+        write!(
+            out,
+            "{:<6}     last fire {}: {}",
+            "",
+            at(run.fire),
+            escaped(&run.outcome)
+        )?;
+        if let Some(ms) = run.duration_ms {
+            write!(out, " in {ms} ms")?;
+        }
+        write!(out, ", term {}", run.term)?;
+        if let Some(error) = &run.error {
+            write!(out, ": {}", escaped(error))?;
+        }
+        writeln!(out)?;
+    }
+    if let Some(next) = s.next {
+        writeln!(out, "{:<6}     next fire {}", "", at(next))?;
     }
     Ok(())
 }

@@ -73,3 +73,14 @@ pub(crate) mod keyvalue_spin {
         },
     });
 }
+
+/// `fermyon:spin-cron@2.0.0`, the world a Spin cron component exports (`wit/spin-cron`):
+/// `handle-cron-event`, called once per fire time.
+pub(crate) mod spin_cron {
+    wasmtime::component::bindgen!({
+        path: "wit/spin-cron",
+        world: "fermyon:spin-cron/spin-cron",
+        imports: { default: async | trappable },
+        exports: { default: async },
+    });
+}

@@ -51,6 +51,7 @@ use bindings::service::vvm::host::{kv, lease, log};
 use bindings::service::wasi::config::store as config;
 use bindings::service::wasi::keyvalue::{atomics, batch, store};
 use bindings::spin::fermyon::spin::{key_value as spin_kv, variables as spin_variables};
+use bindings::spin_cron::fermyon::spin_cron::cron_types as spin_cron_types;
 
 /// Adds the packages implemented here to `linker`: `vvm:host`, both `wasi:keyvalue` versions,
 /// the three `wasi:config/store` versions, Spin's key-value and variables, and our
@@ -77,5 +78,7 @@ pub(crate) fn add_to_linker<T: View>(linker: &mut Linker<T>) -> wasmtime::Result
     })?;
     spin_kv::add_to_linker::<_, HasSelf<Interfaces>>(linker, T::interfaces)?;
     spin_variables::add_to_linker::<_, HasSelf<Interfaces>>(linker, T::interfaces)?;
+    // Types only: what a Spin cron component's handler takes and answers.
+    spin_cron_types::add_to_linker::<_, HasSelf<Interfaces>>(linker, T::interfaces)?;
     outgoing::link_handle(linker, |t| &mut t.interfaces().http)
 }

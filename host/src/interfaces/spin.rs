@@ -121,6 +121,8 @@ impl key_value::HostStore for Interfaces {
     }
 }
 
+impl crate::interfaces::bindings::spin_cron::fermyon::spin_cron::cron_types::Host for Interfaces {}
+
 impl variables::Host for Interfaces {
     async fn get(&mut self, name: String) -> wasmtime::Result<Result<String, variables::Error>> {
         if let Err(reason) = variable_name(&name) {

@@ -13,6 +13,7 @@ use super::incoming::IncomingMetrics;
 use super::kv::{CommitMetrics, KvMetrics};
 use super::lease::LeaseMetrics;
 use super::outgoing::HttpMetrics;
+use super::schedule::ScheduleMetrics;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ServiceLabels {
@@ -46,6 +47,8 @@ pub(super) struct Metrics {
     pub http: HttpMetrics,
     /// Requests served to HTTP services.
     pub incoming: IncomingMetrics,
+    /// Scheduled services' runs.
+    pub schedule: ScheduleMetrics,
 }
 
 impl Metrics {
@@ -56,6 +59,7 @@ impl Metrics {
         let commits = CommitMetrics::new(&mut registry);
         let http = HttpMetrics::new(&mut registry);
         let incoming = IncomingMetrics::new(&mut registry);
+        let schedule = ScheduleMetrics::new(&mut registry);
         let mut metrics = Self {
             registry,
             lease,
@@ -68,6 +72,7 @@ impl Metrics {
             commits,
             http,
             incoming,
+            schedule,
         };
         metrics.register_services();
         metrics

@@ -3,8 +3,8 @@
 //!
 //! - `health`: [`Health`], the step deadlines that tell a wedged host (`/healthz`).
 //! - `metrics`: the Prometheus metrics (`/metrics`), with the services' series; `lease`,
-//!   `kv`, `outgoing` and `incoming` the series of the lease, of the guests' key-value writes
-//!   and their group commit, and of HTTP out and in.
+//!   `kv`, `outgoing`, `incoming` and `schedule` the series of the lease, of the guests' key-value writes
+//!   and their group commit, of HTTP out and in, and of scheduled runs.
 //! - `http`: the endpoint, on a thread of its own ([`Endpoint`]).
 //!
 //! `vvm-host serve` makes one [`Ops`] and hands a clone to each layer that reports (the VVM,
@@ -20,6 +20,7 @@ mod kv;
 mod lease;
 mod metrics;
 mod outgoing;
+mod schedule;
 
 pub use health::Health;
 pub use http::{Endpoint, EndpointError};
@@ -181,6 +182,17 @@ impl Ops {
     /// A key-value call of `service` was refused by `limit`.
     pub fn kv_limited(&self, service: &str, limit: KvLimit) {
         self.inner.metrics.kv.limited(service, limit);
+    }
+
+    /// A fire time of the scheduled service `service` came to `outcome` (ok, error, cut,
+    /// skipped, missed).
+    pub fn schedule_run(&self, service: &str, outcome: &str) {
+        self.inner.metrics.schedule.run(service, outcome);
+    }
+
+    /// A run of `service` started `late` after its fire time and ran for `ran`.
+    pub fn schedule_times(&self, service: &str, late: Duration, ran: Duration) {
+        self.inner.metrics.schedule.times(service, late, ran);
     }
 
     /// A key-value write of `service` ended with `outcome`.

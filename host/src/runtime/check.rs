@@ -74,6 +74,8 @@ pub fn check(config: RuntimeConfig, file: Option<PathBuf>) -> Result<CheckReport
             let mut notes = grant_notes(&svc.name, &svc.imports, &grants);
             notes.extend(unrun_note(&svc.name, svc.kind(), &svc.exports));
             notes.extend(outbound_note(&svc.name, &svc.imports));
+            let scheduled = grants.get(&svc.name).is_some_and(|g| g.schedule.is_some());
+            notes.extend(schedule_note(&svc.name, svc.kind(), scheduled));
             if svc.serves_http()
                 && let Some((note, help)) = &sharing
             {
@@ -170,6 +172,35 @@ fn unrun_note(name: &str, kind: ServiceKind, exports: &[String]) -> Option<Note>
         help: "for code that runs for as long as the service does, beside the handler, \
                export `run` of the vvm:host service world instead (docs/http.md)"
             .to_owned(),
+    })
+}
+
+/// Whether service `name`, of `kind`, is run as its `schedule` (or lack of one) says: only a
+/// command or Spin's cron world runs per fire time, and Spin's cron world only so.
+fn schedule_note(name: &str, kind: ServiceKind, scheduled: bool) -> Option<Note> {
+    let per_fire = matches!(kind, ServiceKind::Command | ServiceKind::Cron);
+    let (note, help) = match (scheduled, kind) {
+        (false, ServiceKind::Cron) => (
+            "it exports Spin's cron handler (handle-cron-event) but has no schedule: it \
+             never runs"
+                .to_owned(),
+            format!("add `schedule = \"0 * * * * *\"` (your cron) to [service.{name}]"),
+        ),
+        (true, kind) if !per_fire => (
+            format!(
+                "it has a schedule, but a {kind} is not run per fire time: each fire time \
+                 fails"
+            ),
+            "build it as a wasi:cli command (a `main`) or with Spin's cron world, or remove \
+             its `schedule`"
+                .to_owned(),
+        ),
+        _ => return None,
+    };
+    Some(Note {
+        service: name.to_owned(),
+        note,
+        help,
     })
 }
 

@@ -16,6 +16,7 @@ use super::RuntimeError;
 use super::cache;
 use super::state::Host;
 use crate::interfaces::bindings::service::ServicePre;
+use crate::interfaces::bindings::spin_cron::SpinCronPre;
 use crate::log_output::escaped;
 
 /// Which world a component targets.
@@ -32,6 +33,9 @@ pub enum ServiceKind {
     /// A `vvm:host/service` that also exports `wasi:http/incoming-handler`: `run` runs as a
     /// service's does, and requests are served beside it, each in its own instance.
     ServiceAndHttp,
+    /// Spin's cron world (`fermyon:spin-cron@2.0.0`): exports `handle-cron-event`, called
+    /// once per fire time of its `schedule`, each in its own instance.
+    Cron,
 }
 
 impl fmt::Display for ServiceKind {
@@ -41,6 +45,7 @@ impl fmt::Display for ServiceKind {
             Self::Command => "wasi:cli/command",
             Self::Http => "wasi:http/proxy",
             Self::ServiceAndHttp => "vvm:host/service + wasi:http/incoming-handler",
+            Self::Cron => "fermyon:spin-cron/spin-cron",
         })
     }
 }
@@ -108,6 +113,8 @@ pub(crate) enum Pre {
     Command(CommandPre<Host>),
     /// Nothing: the `wasi:http/proxy` world is only served, request by request.
     Http,
+    /// `handle-cron-event` of Spin's cron world: called per fire time (`scheduler`).
+    Cron(SpinCronPre<Host>),
 }
 
 /// One loaded service.
@@ -135,6 +142,7 @@ impl Loaded {
             (Pre::Service(_), true) => ServiceKind::ServiceAndHttp,
             (Pre::Command(_), _) => ServiceKind::Command,
             (Pre::Http, _) => ServiceKind::Http,
+            (Pre::Cron(_), _) => ServiceKind::Cron,
         }
     }
 
@@ -325,11 +333,12 @@ fn classify(
     let is_http = exports
         .iter()
         .any(|e| e.starts_with("wasi:http/incoming-handler@0.2"));
-    if !is_service && !is_command && !is_http {
+    let is_cron = exports.contains(&"handle-cron-event");
+    if !is_service && !is_command && !is_http && !is_cron {
         return Err(LoadErrorKind::World(format!(
             "exports none of `run` (world vvm:host/service), `wasi:cli/run` (world \
-             wasi:cli/command) and `wasi:http/incoming-handler` (world wasi:http/proxy); it \
-             exports [{}]",
+             wasi:cli/command), `wasi:http/incoming-handler` (world wasi:http/proxy) and \
+             `handle-cron-event` (world fermyon:spin-cron/spin-cron); it exports [{}]",
             exports.join(", ")
         )));
     }
@@ -349,7 +358,14 @@ fn classify(
             })
         })
         .transpose()?;
-    let runs = if is_service {
+    let runs = if is_cron {
+        Pre::Cron(
+            SpinCronPre::new(pre).map_err(|source| LoadErrorKind::WrongType {
+                export: "`handle-cron-event`",
+                source,
+            })?,
+        )
+    } else if is_service {
         Pre::Service(
             ServicePre::new(pre).map_err(|source| LoadErrorKind::WrongType {
                 export: "`run`",

@@ -34,19 +34,21 @@ fn add_imports(linker: &mut Linker<Host>) -> wasmtime::Result<()> {
 }
 
 /// A fresh store for one instance of the service `env`: its own WASI context (with only what
-/// `grants` allow), memory cap, at most `handle_cap` handles, the per-call fence, and an epoch
-/// deadline that yields every tick and traps once the lease deadline has passed.
+/// `grants` allow, and the environment variables `more` beside its granted ones), memory cap,
+/// at most `handle_cap` handles, the per-call fence, and an epoch deadline that yields every
+/// tick and traps once the lease deadline has passed.
 pub(crate) fn new_store(
     engine: &Engine,
     env: &Arc<ServiceEnv>,
     config: &RuntimeConfig,
     grants: Option<&Grants>,
     handle_cap: usize,
+    more: &[(&str, String)],
 ) -> wasmtime::Result<Store<Host>> {
     let mut table = ResourceTable::new();
     table.set_max_capacity(handle_cap);
     let host = Host {
-        wasi: wasi_ctx(env, grants)?,
+        wasi: wasi_ctx(env, grants, more)?,
         limits: StoreLimitsBuilder::new()
             .memory_size(config.memory_cap)
             .trap_on_grow_failure(true)
@@ -77,7 +79,11 @@ pub(crate) fn new_store(
     Ok(store)
 }
 
-fn wasi_ctx(env: &Arc<ServiceEnv>, grants: Option<&Grants>) -> wasmtime::Result<WasiCtx> {
+fn wasi_ctx(
+    env: &Arc<ServiceEnv>,
+    grants: Option<&Grants>,
+    more: &[(&str, String)],
+) -> wasmtime::Result<WasiCtx> {
     let mut wasi = WasiCtxBuilder::new();
     wasi.stdout(LogOutput::new(Arc::clone(env), Stdio::Stdout))
         .stderr(LogOutput::new(Arc::clone(env), Stdio::Stderr))
@@ -86,7 +92,12 @@ fn wasi_ctx(env: &Arc<ServiceEnv>, grants: Option<&Grants>) -> wasmtime::Result<
         // blocking task could write after the deadline, the drop and the release (`fence`).
         .allow_blocking_current_thread(true);
     if let Some(grants) = grants {
-        wasi.envs(&grants.env);
+        for (name, value) in &grants.env {
+            // The host's own (a schedule's fire time) are the ones seen, once.
+            if !more.iter().any(|(own, _)| own == name) {
+                wasi.env(name, value);
+            }
+        }
         for dir in &grants.dirs {
             let perms = if dir.read_only {
                 FsPerms::ReadOnly
@@ -111,5 +122,6 @@ fn wasi_ctx(env: &Arc<ServiceEnv>, grants: Option<&Grants>) -> wasmtime::Result<
                 });
         }
     }
+    wasi.envs(more);
     Ok(wasi.build())
 }

@@ -17,6 +17,7 @@
 //! - `restart`: a failed service's backoff schedule, and its state as `status`, `/metrics` and
 //!   the log see it.
 //! - `supervisor`: runs, restarts and stops one service; hands the lease over where asked.
+//! - `scheduler`: runs a scheduled service once per fire time, recorded first in the store.
 //! - `incoming`: incoming `wasi:http`: the socket of `http-addr`, shared by the hosts of a
 //!   machine (accepted from only while leading), routes, a store per request, responses
 //!   under the lease.
@@ -29,7 +30,7 @@
 //!
 //! Dependencies point one way, in this order (each uses only modules before it): `config`,
 //! `handles`, `stacks`, `engine`, `state`, `fence`, `imports`, `cache`, `component`,
-//! `progress`, `restart`, `supervisor`, `incoming`, `debounce`, `live_dir`, `reconcile`,
+//! `progress`, `restart`, `supervisor`, `scheduler`, `incoming`, `debounce`, `live_dir`, `reconcile`,
 //! `wasm_services`, `check`.
 
 mod cache;
@@ -46,6 +47,7 @@ mod live_dir;
 mod progress;
 mod reconcile;
 mod restart;
+mod scheduler;
 mod stacks;
 mod state;
 mod supervisor;

@@ -26,6 +26,7 @@ use super::engine::Runtime;
 use super::incoming::HttpServer;
 use super::live_dir::Catalogue;
 use super::restart::Tracker;
+use super::scheduler;
 use super::supervisor::{FirstStart, supervise};
 use crate::interfaces::ServiceEnv;
 use crate::interfaces::keyvalue::access::WriteBudget;
@@ -170,13 +171,24 @@ impl Reconciler {
             &svc.name,
             &svc.version,
         );
-        let task = tokio::spawn(supervise(
-            Arc::clone(&self.rt),
-            Arc::clone(svc),
-            env,
-            first,
-            tracker,
-        ));
+        let schedule = grants.and_then(|g| g.schedule.clone());
+        let task = match schedule {
+            Some(settings) => tokio::spawn(scheduler::run(
+                Arc::clone(&self.rt),
+                Arc::clone(svc),
+                env,
+                first,
+                tracker,
+                settings,
+            )),
+            None => tokio::spawn(supervise(
+                Arc::clone(&self.rt),
+                Arc::clone(svc),
+                env,
+                first,
+                tracker,
+            )),
+        };
         self.running.insert(
             svc.name.clone(),
             Supervised {

@@ -104,6 +104,14 @@ impl Tracker {
         self.set(ServiceState::BackingOff { until_ms });
     }
 
+    /// A scheduled service's schedule, last run and next fire time are now `schedule`.
+    pub(crate) fn scheduled(&mut self, schedule: crate::lease_value::ScheduleStatus) {
+        if self.status.schedule.as_ref() != Some(&schedule) {
+            self.status.schedule = Some(schedule);
+            self.publish();
+        }
+    }
+
     /// The service will not run again under this leadership (it returned, was handed over,
     /// or is stopped); `reason` says why, if it is news.
     pub(crate) fn stopped(&mut self, reason: Option<&str>) {

@@ -203,7 +203,14 @@ async fn run_once(
     // The grants as they are now: a re-read configuration applies from the next start.
     let grants = rt.grants();
     let handles = rt.handle_cap(service, &grants);
-    let mut store = match new_store(&rt.engine, env, &rt.config, grants.get(service), handles) {
+    let mut store = match new_store(
+        &rt.engine,
+        env,
+        &rt.config,
+        grants.get(service),
+        handles,
+        &[],
+    ) {
         Ok(store) => store,
         Err(e) => {
             started.take();
@@ -254,13 +261,25 @@ async fn run_once(
             env.stopping.cancelled().await;
             Outcome::Stopped
         }
+        Pre::Cron(_) => {
+            // Called per fire time (`scheduler`): without a schedule, never.
+            drop(store);
+            created(started).await;
+            tracing::error!(
+                service,
+                "not run: it exports Spin's cron handler \
+                (handle-cron-event) but has no `schedule` in [service.NAME]"
+            );
+            env.stopping.cancelled().await;
+            Outcome::Stopped
+        }
     }
 }
 
 /// Runs an instantiation (which runs the guest's start functions, if it has any: guest code
 /// that may never end) until it ends, or `None` once the service must stop: a guest still
 /// being instantiated cannot have heard the stop, so it gets no grace period.
-async fn instantiate<T>(
+pub(super) async fn instantiate<T>(
     env: &ServiceEnv,
     instantiation: impl Future<Output = wasmtime::Result<T>>,
 ) -> Option<wasmtime::Result<T>> {
@@ -285,7 +304,7 @@ fn not_instantiated(e: &wasmtime::Error) -> Outcome {
 
 /// After the first instantiation (whether it worked or not): says so, and waits until the
 /// guest may begin ([`FirstStart::begin`]).
-async fn created(started: &mut Option<FirstStart>) {
+pub(super) async fn created(started: &mut Option<FirstStart>) {
     if let Some(first) = started.take() {
         let _ = first.created.send(());
         let counted = first

@@ -218,6 +218,7 @@ fn grants(
         kv_buckets: grant.kv_buckets.iter().cloned().collect(),
         kv: grant.kv,
         config: ServiceConfig::resolve(name, &grant.config)?,
+        schedule: grant.schedule_settings(name)?,
         route: match &grant.route {
             None => None,
             Some(route) => Some(Route::parse(route).map_err(|reason| ConfigError::Invalid {
@@ -264,6 +265,9 @@ pub struct Grants {
     pub http: Arc<HttpPolicy>,
     /// Where it is served on `http-addr`, if it is an HTTP service; `/NAME/...` when `None`.
     pub route: Option<Route>,
+    /// Its schedule (`schedule` and the keys a scheduled service reads), if it has one: run
+    /// once per fire time (`scheduler`) rather than for as long as it leads.
+    pub schedule: Option<crate::config::ScheduleSettings>,
 }
 
 impl Grants {

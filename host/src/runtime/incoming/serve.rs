@@ -112,6 +112,7 @@ async fn handle(
         &rt.config,
         grants.get(service),
         handles,
+        &[],
     ) {
         Ok(store) => store,
         Err(e) => {
