@@ -164,6 +164,7 @@ pub(crate) async fn run(
             &env,
             &settings,
             &due.start,
+            leading_since,
             &mut last_started,
             &mut runs,
             &mut status,
@@ -219,8 +220,10 @@ fn report_missed(
     }
 }
 
-/// Claims and starts each of the fire times `due` (or records it skipped, if a run still
-/// goes and overlap is not allowed); `false` once this host no longer leads.
+/// Claims and starts each of the fire times `due`, oldest first. While a run goes and overlap
+/// is not allowed, a fire time that came due during this leadership is recorded skipped, and
+/// one caught up from before it waits for the run to end. `false` once this host no longer
+/// leads.
 #[allow(clippy::too_many_arguments)]
 async fn start_due(
     rt: &Arc<Runtime>,
@@ -228,15 +231,21 @@ async fn start_due(
     env: &Arc<ServiceEnv>,
     settings: &ScheduleSettings,
     due: &[FireTime],
+    leading_since: i64,
     last_started: &mut Option<FireTime>,
     runs: &mut JoinSet<(i64, Option<RunStatus>)>,
     status: &mut ScheduleStatus,
 ) -> bool {
     let service = &*env.name;
     for &fire in due {
+        let busy = !runs.is_empty() && settings.concurrency == Concurrency::Skip;
+        if busy && fire.unix() <= leading_since {
+            // Caught up from before this leadership: they run one after another, the next
+            // when this one ends (or are missed once past the deadline).
+            return true;
+        }
         *last_started = Some(last_started.map_or(fire, |l| l.max(fire)));
-        let busy = !runs.is_empty();
-        match claim(env, fire, busy && settings.concurrency == Concurrency::Skip).await {
+        match claim(env, fire, busy).await {
             Ok(Claim::Run) => begin(rt, svc, env, settings, fire, runs),
             Ok(Claim::Skipped) => {
                 tracing::warn!(service, fire_time = %fire,
