@@ -159,3 +159,6 @@ impl GrantConfig {
         .collect()
     }
 }
+
+#[cfg(test)]
+mod tests;

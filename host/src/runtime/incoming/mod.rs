@@ -2,21 +2,19 @@
 //! accepting only while a leadership of this host runs HTTP services (a standby does not
 //! accept), and the routes of the services it runs.
 //!
-//! - The listening socket is the machine's hosts' together (`socket`): got once, when the
-//!   host starts ([`HttpServer::share`]), from systemd or from a host holding it, or bound.
-//!   Where it cannot be shared, each leadership binds the address itself (again and again
-//!   while it is taken: a stalled former leader may still hold it).
+//! - The listening socket is the machine's hosts' together (`socket`): got once, when the host
+//!   starts ([`HttpServer::share`]), from systemd or from a host holding it, or bound. Where
+//!   it cannot be shared, each leadership binds the address itself (again and again while it
+//!   is taken: a stalled former leader may still hold it).
 //! - A leadership registers each HTTP service it starts ([`HttpServer::register`]) with its
-//!   environment (lease, deadline, stop signal); the first registration starts accepting.
-//!   On the shared socket accepting stops at once when the lease deadline passes (a leader
-//!   resumed after a SIGSTOP takes nothing more from the queue; what it took is answered
-//!   503).
+//!   environment (lease, deadline, stop signal); the first registration starts accepting. On
+//!   the shared socket accepting stops at once when the lease deadline passes (a leader
+//!   resumed after a SIGSTOP takes nothing more from the queue; what it took is answered 503).
 //! - Stopping unregisters first ([`HttpServer::unregister`]): with the last route accepting
 //!   stops (on a shared socket what is queued waits for the next leader; an own listener
-//!   closes), open connections finish the request in progress within the grace period and
-//!   are dropped after it, then the service's calls still running end (they are bounded by
-//!   the grace period too); only then are the services stopped and the lease released
-//!   (SPEC §5 order).
+//!   closes), open connections finish the request in progress within the grace period and are
+//!   dropped after it, then the service's calls still running end (bounded by the grace period
+//!   too); only then are the services stopped and the lease released (SPEC §5 order).
 //! - `serve`: one request; `body`: its response under the lease.
 
 mod body;
@@ -272,11 +270,10 @@ impl HttpServer {
         }
     }
 
-    /// Stops serving the services `names`. When they are the last, the listener closes
-    /// first, with their routes still there: the connections finish their request in
-    /// progress within the grace period, under the lease (a client it accepted gets its
-    /// answer, never a 503 of the host's). Then the routes go, and each one's calls still
-    /// running end.
+    /// Stops serving the services `names`. When they are the last, the listener closes first,
+    /// with their routes still there: the connections finish their request in progress within
+    /// the grace period, under the lease (a client it accepted gets its answer, never a 503 of
+    /// the host's). Then the routes go, and each one's calls still running end.
     pub(crate) async fn unregister(&self, names: &[String]) {
         let closing = {
             let mut listening = self
@@ -423,8 +420,7 @@ async fn listen(
     connections.shutdown().await;
 }
 
-/// A listener on `addr`, binding again every [`REBIND_PAUSE`] while it is taken; `None` once
-/// stopped.
+/// A listener on `addr`, bound again every [`REBIND_PAUSE`] while taken; `None` once stopped.
 async fn bind(addr: SocketAddr, stop: &CancellationToken) -> Option<TcpListener> {
     let mut said = false;
     loop {
