@@ -2,7 +2,9 @@
 //! built by its own `./build.sh`, accepted by `vvm-host check` as its kind, and run by
 //! `vvm-host serve`: a service greets from its configuration and counts in its key-value store;
 //! an HTTP service answers its route with the fencing token and the status of the upstream it
-//! calls.
+//! calls; a scheduled service (issue 40), given the schedule `new` says to add to `vvm.toml`
+//! (here every second), reports its fire time, term and run count at a fire time, and the run
+//! ends `ok`.
 //!
 //! The Python and JavaScript builds use the toolchains `guest-examples/build.sh` installed (the
 //! projects' build scripts take them from `VVM_COMPONENTIZE_PY` and `VVM_NODE_MODULES`), and
@@ -22,14 +24,20 @@ use crate::BIN;
 use crate::incoming_http::{free_addr, get};
 
 /// Each language and kind, with the world `vvm-host check` names for it.
-const PROJECTS: [(&str, &str, &str); 6] = [
+const PROJECTS: [(&str, &str, &str); 9] = [
     ("rust", "service", "vvm:host/service"),
     ("rust", "http", "wasi:http/proxy"),
+    ("rust", "schedule", "wasi:cli/command"),
     ("python", "service", "vvm:host/service"),
     ("python", "http", "wasi:http/proxy"),
+    ("python", "schedule", "wasi:cli/command"),
     ("js", "service", "vvm:host/service"),
     ("js", "http", "wasi:http/proxy"),
+    ("js", "schedule", "wasi:cli/command"),
 ];
+
+/// The scheduled services' schedule here: every second, not the ten seconds `new` suggests.
+const EVERY_SECOND: &str = "* * * * * *";
 
 /// The upstream's status: not the handler's own 200, so that an answer shows it was called.
 const UPSTREAM_STATUS: u16 = 202;
@@ -76,6 +84,10 @@ fn make_and_build(dir: &Path) {
         let said = run(Path::new(BIN), &args, dir, &[]);
         let next = format!("cd ./{name} && ./build.sh && cp {name}.wasm ../services/");
         assert!(said.contains(&next), "{said}");
+        if kind == "schedule" {
+            let toml = format!("    [service.{name}]\n    schedule = \"*/10 * * * * *\"\n");
+            assert!(said.contains(&toml), "{said}");
+        }
         let project = dir.join(&name);
         run(&project.join("build.sh"), &[], &project, &env);
         let wasm = format!("{name}.wasm");
@@ -85,7 +97,7 @@ fn make_and_build(dir: &Path) {
 }
 
 /// `vvm.toml`: a greeting for the services; for the HTTP services, `upstream` allowed and
-/// configured as their `upstream-url`.
+/// configured as their `upstream-url`; for the scheduled services, a schedule.
 fn config(upstream: &Server) -> String {
     let origin = format!("http://{}", upstream.addr());
     let mut toml = String::new();
@@ -98,6 +110,8 @@ fn config(upstream: &Server) -> String {
                 "[service.{name}.config]\nupstream-url = \"{origin}/up\""
             )
             .unwrap();
+        } else if kind == "schedule" {
+            writeln!(toml, "[service.{name}]\nschedule = \"{EVERY_SECOND}\"").unwrap();
         } else {
             writeln!(
                 toml,
@@ -107,6 +121,13 @@ fn config(upstream: &Server) -> String {
         }
     }
     toml
+}
+
+/// The fire time of a log line's `fields`, in Unix seconds.
+fn fire_time(fields: &serde_json::Value) -> Option<i64> {
+    let at = humantime::parse_rfc3339(fields["fire_time"].as_str()?).ok()?;
+    let secs = at.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs();
+    i64::try_from(secs).ok()
 }
 
 #[test]
@@ -155,6 +176,26 @@ fn a_new_project_of_each_language_and_kind_builds_checks_and_runs() {
             );
             let answer = format!("hits 1 (term 1); upstream {UPSTREAM_STATUS}\n");
             assert_eq!(body, answer, "{name}");
+        } else if kind == "schedule" {
+            // Its first run prints its fire time, and then the host logs that run's end.
+            let service = format!("\"service\":\"{name}\"");
+            let report = "report for fire time ";
+            let (at, said) = host.wait_for_from(0, &[&service, report, "(term 1): run 1\""]);
+            let fire: Option<i64> = said.text.split(report).nth(1).and_then(|rest| {
+                let digits = rest.split(' ').next()?;
+                digits.parse().ok()
+            });
+            let (_, ended) = host.wait_for_from(at, &[&service, "scheduled run ended"]);
+            let ended: serde_json::Value = serde_json::from_str(&ended.text).unwrap();
+            let fields = &ended["fields"];
+            assert_eq!(fields["outcome"], "ok", "{name}: {ended}");
+            assert_eq!(fields["term"], 1, "{name}: {ended}");
+            assert_eq!(
+                fire_time(fields),
+                fire,
+                "{name}: {} then {ended}",
+                said.text
+            );
         } else {
             let service = format!("\"service\":\"{name}\"");
             host.wait_for(&[&service, "started, term 1: hi from vvm.toml"]);

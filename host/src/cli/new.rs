@@ -1,14 +1,18 @@
-//! `vvm-host new`: a ready guest project, in Rust, Python or JavaScript, of either kind: a
-//! service (world `service`: the lease, its stop signal, `wasi:keyvalue`, `wasi:config`) or an
+//! `vvm-host new`: a ready guest project, in Rust, Python or JavaScript, of one of three kinds:
+//! a service (world `service`: the lease, its stop signal, `wasi:keyvalue`, `wasi:config`), an
 //! HTTP service (world `http-service`: a handler that counts hits and calls an upstream over
-//! `wasi:http`). The project holds its code, the WIT it builds against (the repository's own,
-//! embedded by `build.rs` with the templates of `templates/`), a README and `build.sh`, which
-//! installs the pinned toolchain on first use and writes `NAME.wasm`.
+//! `wasi:http`) or a scheduled service (world `schedule`: a `wasi:cli` command, run once per
+//! fire time with the fire time in `VVM_FIRE_TIME`, that counts its runs). The project holds
+//! its code, the WIT it builds against (the repository's own, embedded by `build.rs` with the
+//! templates of `templates/`), a README and `build.sh`, which installs the pinned toolchain on
+//! first use and writes `NAME.wasm`. A scheduled service's `schedule` goes in the host's
+//! `vvm.toml`, which `new` does not write: it prints the lines.
 //!
-//! A template is two layers of `templates/`: `<lang>/` (what both kinds share: the build
-//! script, the toolchain's pins) and `<lang>-<kind>/` (the code and the README). In their text
-//! `{{name}}` is the service name, `{{crate}}` the Rust crate name (`-` as `_`) and
-//! `{{world}}` the WIT world.
+//! A template is up to three layers of `templates/`: `<lang>/` (what every kind shares: the
+//! build script, the toolchain's pins), `<kind>/` if there is one (what every language shares:
+//! the `schedule` world's WIT) and `<lang>-<kind>/` (the code and the README). In their text
+//! `{{name}}` is the service name, `{{crate}}` the Rust crate name (`-` as `_`), `{{world}}`
+//! the WIT world and `{{schedule}}` the schedule `new` suggests.
 
 use std::io::{self, Write as _};
 use std::os::unix::fs::PermissionsExt as _;
@@ -24,6 +28,9 @@ include!(concat!(env!("OUT_DIR"), "/templates.rs"));
 /// The longest service name `new` accepts.
 const MAX_NAME: usize = 64;
 
+/// The schedule suggested for a scheduled service: every ten seconds (cron, seconds first).
+const SCHEDULE: &str = "*/10 * * * * *";
+
 /// `vvm-host new` arguments.
 #[derive(Debug, Args)]
 pub struct NewArgs {
@@ -33,7 +40,8 @@ pub struct NewArgs {
     /// The language.
     #[arg(long, value_enum, default_value_t = Lang::Rust)]
     pub lang: Lang,
-    /// A service, run while the host leads, or an HTTP service, a handler for each request.
+    /// A service, run while the host leads; an HTTP service, a handler for each request; or a
+    /// scheduled service, a command run once per fire time of its schedule.
     #[arg(long, value_enum, default_value_t = Kind::Service)]
     pub kind: Kind,
     /// The folder to make the project folder NAME in.
@@ -59,6 +67,9 @@ pub enum Kind {
     Service,
     /// An HTTP service: a `wasi:http` handler, served on the host's `--http-addr`.
     Http,
+    /// A scheduled service: a `wasi:cli` command, run once per fire time of the `schedule` in
+    /// its `[service.NAME]` of vvm.toml, the fire time in `VVM_FIRE_TIME`.
+    Schedule,
 }
 
 /// Why no project was made. Nothing is left behind in any case.
@@ -102,7 +113,12 @@ Examples:
   vvm-host new --lang python --kind http --dir projects api
 
   # A JavaScript service
-  vvm-host new --lang js ticker";
+  vvm-host new --lang js ticker
+
+  # A Rust scheduled service, run every ten seconds with this in vvm.toml:
+  #   [service.report]
+  #   schedule = \"*/10 * * * * *\"
+  vvm-host new --kind schedule report";
 
 /// Checks that `name` can name a service and a project: 1 to 64 of a-z, 0-9 and '-', starting
 /// with a letter. (The host takes any file stem; this is stricter, so that the name is also a
@@ -136,11 +152,14 @@ fn world(lang: Lang, kind: Kind) -> &'static str {
         // componentize-js answers `fetch` events on WASI 0.2.10's handler (see js-http's WIT).
         (Lang::Js, Kind::Http) => "http-service-js",
         (_, Kind::Http) => "http-service",
+        // A command with vvm:host's imports, in the `schedule/` layer's `wit/schedule.wit`.
+        (_, Kind::Schedule) => "schedule",
     }
 }
 
-/// The templates' folder names.
-fn layers(lang: Lang, kind: Kind) -> [String; 2] {
+/// The templates' folder names, in the order they are written (a folder that is not there
+/// adds nothing).
+fn layers(lang: Lang, kind: Kind) -> [String; 3] {
     let lang = match lang {
         Lang::Rust => "rust",
         Lang::Python => "python",
@@ -149,8 +168,9 @@ fn layers(lang: Lang, kind: Kind) -> [String; 2] {
     let kind = match kind {
         Kind::Service => "service",
         Kind::Http => "http",
+        Kind::Schedule => "schedule",
     };
-    [lang.to_owned(), format!("{lang}-{kind}")]
+    [lang.to_owned(), kind.to_owned(), format!("{lang}-{kind}")]
 }
 
 /// The files of project `name`: (path in the project, contents).
@@ -171,7 +191,8 @@ fn render(name: &str, lang: Lang, kind: Kind) -> Vec<(String, Vec<u8>)> {
                 let text = text
                     .replace("{{name}}", name)
                     .replace("{{crate}}", &crate_name)
-                    .replace("{{world}}", world(lang, kind));
+                    .replace("{{world}}", world(lang, kind))
+                    .replace("{{schedule}}", SCHEDULE);
                 files.push((path.to_owned(), text.into_bytes()));
             }
         }
@@ -273,6 +294,7 @@ pub(super) fn new(args: &NewArgs) -> anyhow::Result<ExitCode> {
     match args.kind {
         Kind::Service => writeln!(out, "created {dir}: a {lang} service")?,
         Kind::Http => writeln!(out, "created {dir}: a {lang} HTTP service")?,
+        Kind::Schedule => writeln!(out, "created {dir}: a {lang} scheduled service")?,
     }
     writeln!(
         out,
@@ -281,6 +303,13 @@ pub(super) fn new(args: &NewArgs) -> anyhow::Result<ExitCode> {
     if args.kind == Kind::Http {
         writeln!(out, "  vvm-host serve --http-addr 127.0.0.1:8080")?;
         writeln!(out, "  curl -i 127.0.0.1:8080/{name}/")?;
+    }
+    if args.kind == Kind::Schedule {
+        writeln!(
+            out,
+            "  and in the host's vvm.toml, its schedule (every ten seconds):\n    \
+             [service.{name}]\n    schedule = \"{SCHEDULE}\""
+        )?;
     }
     emit(&out)?;
     Ok(ExitCode::SUCCESS)

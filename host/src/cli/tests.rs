@@ -57,7 +57,10 @@ fn every_command_has_examples_in_its_help() {
         ),
         ("status", &["vvm-host status --json"][..]),
         ("check", &["vvm-host check"][..]),
-        ("new", &["vvm-host new hello", "--kind http"][..]),
+        (
+            "new",
+            &["vvm-host new hello", "--kind http", "--kind schedule"][..],
+        ),
     ] {
         let help = cli
             .find_subcommand_mut(name)
@@ -87,6 +90,16 @@ fn new_makes_a_rust_service_in_the_current_folder_by_default() {
     assert_eq!(
         given,
         ("api".into(), Lang::Js, Kind::Http, PathBuf::from("p"))
+    );
+    let scheduled = parse(&["vvm-host", "new", "--kind", "schedule", "report"]);
+    assert_eq!(
+        scheduled,
+        (
+            "report".into(),
+            Lang::Rust,
+            Kind::Schedule,
+            PathBuf::from(".")
+        )
     );
 }
 

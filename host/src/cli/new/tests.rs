@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use super::*;
 
 const LANGS: [Lang; 3] = [Lang::Rust, Lang::Python, Lang::Js];
-const KINDS: [Kind; 2] = [Kind::Service, Kind::Http];
+const KINDS: [Kind; 3] = [Kind::Service, Kind::Http, Kind::Schedule];
 
 /// The repository's file `path` (relative to its root).
 fn repo_file(path: &str) -> Vec<u8> {
@@ -91,13 +91,58 @@ fn every_project_has_its_files_with_every_placeholder_replaced() {
         }
     }
     let rust = render("my-svc", Lang::Rust, Kind::Service);
+    assert!(!rust.iter().any(|(p, _)| p == "wit/schedule.wit"));
     let cargo = &rust.iter().find(|(p, _)| p == "Cargo.toml").unwrap().1;
     let cargo: toml::Value = toml::from_slice(cargo).unwrap();
     assert_eq!(cargo["package"]["name"].as_str(), Some("my-svc"));
     assert_eq!(cargo["lib"]["name"].as_str(), Some("my_svc"));
 }
 
-/// Each template folder is one of a language's layers: none is left unused.
+/// A scheduled service of each language is a command for the `schedule` world, which joins
+/// `vvm:host`'s WIT, reads its fire time from `VVM_FIRE_TIME`, and its README says what to put
+/// in `vvm.toml`.
+#[test]
+fn a_scheduled_service_is_a_command_with_its_schedule_in_its_readme() {
+    let wit = TEMPLATES
+        .iter()
+        .find(|(p, _)| *p == "schedule/wit/schedule.wit")
+        .unwrap()
+        .1;
+    assert!(wit.contains("world schedule {"), "{wit}");
+    assert!(wit.contains("include wasi:cli/command@0.2.12;"), "{wit}");
+    let own_package = wit.lines().any(|l| l.starts_with("package "));
+    assert!(!own_package, "it joins host.wit's package: {wit}");
+    let host_wit = String::from_utf8(repo_file("wit/host.wit")).unwrap();
+    assert!(host_wit.contains("package vvm:host@0.1.0;"));
+    assert!(repo_file("wit/deps/cli/cli.wit").starts_with(b"package wasi:cli@0.2.12;"));
+    for lang in LANGS {
+        let files: BTreeMap<String, String> = render("report", lang, Kind::Schedule)
+            .into_iter()
+            .map(|(p, b)| (p, String::from_utf8(b).unwrap()))
+            .collect();
+        assert_eq!(files["wit/schedule.wit"], *wit, "{lang:?}");
+        assert!(files.contains_key("wit/host.wit"), "{lang:?}");
+        let readme = &files["README.md"];
+        let toml = format!("[service.report]\nschedule = \"{SCHEDULE}\"");
+        assert!(readme.contains(&toml), "{lang:?}: {readme}");
+        let code: Vec<&String> = files
+            .iter()
+            .filter(|(p, _)| ["src/lib.rs", "src/app.py", "app.js"].contains(&p.as_str()))
+            .map(|(_, text)| text)
+            .collect();
+        assert_eq!(code.len(), 1, "{lang:?}");
+        assert!(code[0].contains("VVM_FIRE_TIME"), "{lang:?}");
+        assert!(code[0].contains("report for fire time"), "{lang:?}");
+        if lang != Lang::Rust {
+            assert!(files["build.sh"].contains(" schedule "), "{lang:?}");
+        }
+    }
+    let rust = render("report", Lang::Rust, Kind::Schedule);
+    let lib = &rust.iter().find(|(p, _)| p == "src/lib.rs").unwrap().1;
+    assert!(String::from_utf8_lossy(lib).contains("world: \"schedule\""));
+}
+
+/// Each template folder is one of a language's or a kind's layers: none is left unused.
 #[test]
 fn every_template_folder_is_used() {
     let used: Vec<String> = LANGS
