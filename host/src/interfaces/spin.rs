@@ -65,35 +65,7 @@ impl key_value::HostStore for Interfaces {
         }
     }
 
-    async fn get(&mut self, store: Resource<Bucket>, key: String) -> Answer<Option<Vec<u8>>> {
-        let space = space(self, &store)?;
-        Ok(self.kv().get(&space, &key).await.map_err(Into::into))
-    }
-
-    async fn set(&mut self, store: Resource<Bucket>, key: String, value: Vec<u8>) -> Answer<()> {
-        let space = space(self, &store)?;
-        let writes = [KvWrite::Set {
-            key: &key,
-            value: &value,
-        }];
-        Ok(self.kv().write(&space, &writes).await?.map_err(Into::into))
-    }
-
-    async fn delete(&mut self, store: Resource<Bucket>, key: String) -> Answer<()> {
-        let space = space(self, &store)?;
-        let writes = [KvWrite::Delete { key: &key }];
-        Ok(self.kv().write(&space, &writes).await?.map_err(Into::into))
-    }
-
-    async fn exists(&mut self, store: Resource<Bucket>, key: String) -> Answer<bool> {
-        let space = space(self, &store)?;
-        Ok(self
-            .kv()
-            .get(&space, &key)
-            .await
-            .map(|v| v.is_some())
-            .map_err(Into::into))
-    }
+    super::keyvalue::wasi_keyvalue_bucket!();
 
     /// Every key, page after page (a namespace holds at most `max-keys` of them).
     async fn get_keys(&mut self, store: Resource<Bucket>) -> Answer<Vec<String>> {
@@ -113,11 +85,6 @@ impl key_value::HostStore for Interfaces {
                 Err(e) => return Ok(Err(e.into())),
             }
         }
-    }
-
-    async fn drop(&mut self, store: Resource<Bucket>) -> wasmtime::Result<()> {
-        self.table.delete(store)?;
-        Ok(())
     }
 }
 

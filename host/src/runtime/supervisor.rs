@@ -30,7 +30,7 @@ use crate::problem::Problem;
 
 /// How one run of a service ended.
 #[derive(Debug)]
-enum Outcome {
+pub(super) enum Outcome {
     /// `run` returned `ok` (or the command exited 0): the service is done.
     Returned,
     /// Stopped by the host (it returned in its grace period, or was dropped).
@@ -342,7 +342,9 @@ async fn finish(
     }
 }
 
-fn outcome(r: wasmtime::Result<Result<(), String>>, handles: usize) -> Outcome {
+/// What a run's result `r` amounts to; `handles` is the instance's handle cap, for the
+/// reason of a failure at it.
+pub(super) fn outcome(r: wasmtime::Result<Result<(), String>>, handles: usize) -> Outcome {
     match r {
         Ok(Ok(())) => Outcome::Returned,
         Ok(Err(message)) => Outcome::Failed(format!(

@@ -93,7 +93,9 @@ macro_rules! wasi_keyvalue_common {
     };
 }
 
-/// The bucket methods both versions share, inside each one's `impl store::HostBucket`.
+/// The bucket methods both versions share, inside each one's `impl store::HostBucket` (and
+/// Spin's store's, the same five with the same signatures: `spin`). Expects `Answer<T>` and
+/// `space(host, handle)` where it is expanded.
 macro_rules! wasi_keyvalue_bucket {
     () => {
         async fn get(&mut self, b: Resource<Bucket>, key: String) -> Answer<Option<Vec<u8>>> {
@@ -132,6 +134,7 @@ macro_rules! wasi_keyvalue_bucket {
         }
     };
 }
+pub(crate) use wasi_keyvalue_bucket;
 
 pub(crate) mod access;
 mod draft;

@@ -7,21 +7,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use wasmtime::component::ResourceTableError;
-use wasmtime_wasi::I32Exit;
 
 use super::FIRE_TIME_VAR;
 use super::records::{Record, record, wall_millis, write};
+use crate::interfaces::ServiceEnv;
 use crate::interfaces::bindings::spin_cron::fermyon::spin_cron::cron_types::{
     Error as CronError, Metadata,
 };
-use crate::interfaces::{Fenced, ServiceEnv};
 use crate::keys::fire_key;
 use crate::lease_value::RunStatus;
 use crate::runtime::component::{Loaded, Pre};
 use crate::runtime::engine::Runtime;
 use crate::runtime::imports::new_store;
-use crate::runtime::supervisor::instantiate;
+use crate::runtime::supervisor::{Outcome, instantiate, outcome};
 use crate::schedule::FireTime;
 use crate::store::{KvOp, KvWrite};
 
@@ -167,26 +165,12 @@ async fn until_stopped<T>(env: &ServiceEnv, call: impl Future<Output = T>) -> Op
     }
 }
 
-/// What a call's result `r` amounts to; `handles` is the instance's handle cap.
+/// What a call's result `r` amounts to (as a service's run's: the same failures, worded
+/// the same); `handles` is the instance's handle cap.
 fn ended(r: wasmtime::Result<Result<(), String>>, handles: usize) -> Ended {
-    match r {
-        Ok(Ok(())) => Ended::Ok,
-        Ok(Err(message)) => Ended::Error(format!(
-            "returned an error: {}",
-            crate::interfaces::output::guest_text(&message)
-        )),
-        Err(e) if e.is::<Fenced>() => Ended::Cut,
-        Err(e) => match e.downcast_ref::<I32Exit>() {
-            Some(I32Exit(0)) => Ended::Ok,
-            Some(I32Exit(code)) => Ended::Error(format!("exited with code {code}")),
-            None if matches!(
-                e.root_cause().downcast_ref::<ResourceTableError>(),
-                Some(ResourceTableError::Full)
-            ) =>
-            {
-                Ended::Error(format!("trapped: more than its {handles} handles at once"))
-            }
-            None => Ended::Error(format!("trapped: {e:#}")),
-        },
+    match outcome(r, handles) {
+        Outcome::Returned => Ended::Ok,
+        Outcome::Stopped | Outcome::Fenced => Ended::Cut,
+        Outcome::Failed(reason) => Ended::Error(reason),
     }
 }
