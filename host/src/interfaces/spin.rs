@@ -4,8 +4,9 @@
 //!   `Kv`, so fenced and bounded as every write is): `open("default")` is the service's own
 //!   namespace, a label granted in `kv-buckets` that shared bucket, any other label
 //!   `access-denied` (as Spin answers a label its manifest does not list), the empty label
-//!   `no-such-store`; a full resource table is `store-table-full`; every other failure is
-//!   `other` with the text `wasi:keyvalue` gives (`over a limit: ...`, `stale term ...`).
+//!   `no-such-store`; a namespace at its quota (`max-keys`, `max-bytes`) or a full resource
+//!   table is `store-table-full`; every other failure is `other` with the text
+//!   `wasi:keyvalue` gives (`over a limit: ...` for a key or value too large, `stale term`).
 //! - `fermyon:spin/variables@2.0.0` over `[service.NAME.config]`, with Spin's rules for a
 //!   name (`invalid-name`) and its text for one that is not set (`undefined`). A value is
 //!   never logged. (`wasi:config@0.2.0-draft-2024-09-27`, the same values, is `wasi_config`'s.)
@@ -29,6 +30,7 @@ use super::bindings::spin::fermyon::spin::{key_value, variables};
 use super::keyvalue::KvError;
 use super::keyvalue::access::Bucket;
 use super::view::{Interfaces, View};
+use crate::ops::KvLimit;
 use crate::store::KvWrite;
 
 type Answer<T> = wasmtime::Result<Result<T, key_value::Error>>;
@@ -37,6 +39,12 @@ impl From<KvError> for key_value::Error {
     fn from(e: KvError) -> Self {
         match e {
             KvError::AccessDenied(_) => Self::AccessDenied,
+            // The namespace's quota: the store is full (the limit is in the log and
+            // `/metrics`, as every refusal is).
+            KvError::Limit {
+                limit: KvLimit::Keys | KvLimit::Bytes,
+                ..
+            } => Self::StoreTableFull,
             e => Self::Other(e.to_string()),
         }
     }
@@ -380,6 +388,31 @@ mod tests {
             env.store.kv_get("svc", "k").await.unwrap(),
             Some(b"v".to_vec())
         );
+    }
+
+    /// A write past the namespace's quota is `store-table-full`, and writes nothing.
+    #[tokio::test]
+    async fn a_write_past_the_quota_is_store_table_full() {
+        let (_clock, env) = env().await;
+        let access = KvAccess {
+            limits: crate::interfaces::KvLimits {
+                max_keys: 1,
+                ..crate::interfaces::KvLimits::default()
+            },
+            ..KvAccess::default()
+        };
+        let mut h = crate::interfaces::view::tests::interfaces(&env, access);
+        let s = h.open("default".into()).await.unwrap().unwrap();
+        h.set(borrow(&s), "a".into(), b"1".to_vec())
+            .await
+            .unwrap()
+            .unwrap();
+        let full = h.set(borrow(&s), "b".into(), b"2".to_vec()).await.unwrap();
+        assert!(
+            matches!(full, Err(key_value::Error::StoreTableFull)),
+            "{full:?}"
+        );
+        assert_eq!(env.store.kv_get("svc", "b").await.unwrap(), None);
     }
 
     /// A set variable is its value; a missing one Spin's `undefined` text; a bad name Spin's
