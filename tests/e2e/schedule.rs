@@ -315,3 +315,41 @@ fn a_run_still_going_skips_the_next_fire_time() {
     host.signal(Signal::TERM);
     assert!(host.wait_exit().success());
 }
+
+/// On etcd too (the records are the same fenced writes): a graceful takeover between two
+/// hosts neither repeats nor loses a fire time (`catch-up = "all"`).
+#[test]
+fn on_etcd_a_takeover_neither_repeats_nor_loses_a_fire_time() {
+    let Some(etcd) = testkit::etcd::EtcdServer::start() else {
+        return;
+    };
+    let store = crate::etcd::store_url(&etcd);
+    let dir = schedule_dir("test/fire-command", "catch-up = \"all\"\n");
+    let mut a = crate::serve_on("a", dir.path(), "2s", &store);
+    wait_for_fires(dir.path(), 2);
+    let mut b = crate::serve_on("b", dir.path(), "2s", &store);
+    b.wait_for(&["campaigning"]);
+    a.signal(Signal::TERM);
+    assert!(a.wait_exit().success());
+    b.wait_for(&["scheduled run ended"]);
+    let ran = fires(dir.path()).len();
+    wait_for_fires(dir.path(), ran + 2);
+    b.signal(Signal::TERM);
+    assert!(b.wait_exit().success());
+    let seen = fires(dir.path());
+    assert!(
+        seen.values().all(|n| *n == 1),
+        "a fire time ran twice: {seen:?}"
+    );
+    let mut lines = a.lines();
+    lines.extend(b.lines());
+    let cut = cut(&lines);
+    let (first, last) = (*seen.keys().next().unwrap(), *seen.keys().last().unwrap());
+    let missing: Vec<i64> = (first..=last)
+        .filter(|f| !seen.contains_key(f) && !cut.contains(f))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "fire times lost: {missing:?} (ran {seen:?})"
+    );
+}
