@@ -81,6 +81,24 @@ fn cut(lines: &[testkit::host::Line]) -> BTreeSet<i64> {
         .collect()
 }
 
+/// Every fire time the guest wrote into `dir`'s `data/fires` ran once, and each from the
+/// first to the last either ran or is said in `lines` to have been cut by a takeover.
+fn assert_each_fire_time_once(dir: &Path, lines: &[testkit::host::Line]) -> (usize, usize) {
+    let seen = fires(dir);
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "fire times run twice: {twice:?}");
+    let cut = cut(lines);
+    let (first, last) = (*seen.keys().next().unwrap(), *seen.keys().last().unwrap());
+    let missing: Vec<i64> = (first..=last)
+        .filter(|f| !seen.contains_key(f) && !cut.contains(f))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "fire times neither run nor cut: {missing:?} (ran {seen:?}, cut {cut:?})"
+    );
+    (seen.len(), cut.len())
+}
+
 /// SPEC §11: the leader killed (SIGKILL) at random moments across about 30 fire times (each kill
 /// right after a run it logged, or up to 1.5 s later), a standby taking over each time,
 /// `catch-up = "all"`: no fire time ran twice, and every one from the first to the last
@@ -134,24 +152,8 @@ fn each_fire_time_runs_once_through_sigkills_of_the_leader() {
         assert!(host.wait_exit().success());
         all_lines.extend(host.lines());
     }
-    let seen = fires(dir.path());
-    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(twice.is_empty(), "fire times run twice: {twice:?}");
-    let cut = cut(&all_lines);
-    let (first, last) = (*seen.keys().next().unwrap(), *seen.keys().last().unwrap());
-    let missing: Vec<i64> = (first..=last)
-        .filter(|f| !seen.contains_key(f) && !cut.contains(f))
-        .collect();
-    assert!(
-        missing.is_empty(),
-        "fire times neither run nor cut: {missing:?} (ran {seen:?}, cut {cut:?})"
-    );
-    println!(
-        "{} fire times through {kills} kills: {} ran, {} cut",
-        last - first + 1,
-        seen.len(),
-        cut.len()
-    );
+    let (ran, cut) = assert_each_fire_time_once(dir.path(), &all_lines);
+    println!("fire times through {kills} kills: {ran} ran, {cut} cut");
 }
 
 /// SPEC §11: a leader stopped (SIGSTOP) across fire times and continued after its deadline never
@@ -336,20 +338,53 @@ fn on_etcd_a_takeover_neither_repeats_nor_loses_a_fire_time() {
     wait_for_fires(dir.path(), ran + 2);
     b.signal(Signal::TERM);
     assert!(b.wait_exit().success());
-    let seen = fires(dir.path());
-    assert!(
-        seen.values().all(|n| *n == 1),
-        "a fire time ran twice: {seen:?}"
-    );
     let mut lines = a.lines();
     lines.extend(b.lines());
-    let cut = cut(&lines);
-    let (first, last) = (*seen.keys().next().unwrap(), *seen.keys().last().unwrap());
-    let missing: Vec<i64> = (first..=last)
-        .filter(|f| !seen.contains_key(f) && !cut.contains(f))
-        .collect();
-    assert!(
-        missing.is_empty(),
-        "fire times lost: {missing:?} (ran {seen:?})"
-    );
+    assert_each_fire_time_once(dir.path(), &lines);
+}
+
+/// Under spread placement the schedule follows its service's claim: of two hosts, the one
+/// that holds `job` runs it; killed, the other takes the claim over and goes on, and no fire
+/// time of `job` runs twice or is lost.
+#[test]
+fn under_spread_placement_the_schedule_follows_the_services_claim() {
+    let _heavy = crate::one_heavy_test_at_a_time();
+    let dir = schedule_dir("test/fire-command", "catch-up = \"all\"\n");
+    std::fs::copy(
+        guests::guest("test/fire-command"),
+        dir.path().join("services/other.wasm"),
+    )
+    .unwrap();
+    let other_data = dir.path().join("other-data");
+    std::fs::create_dir(&other_data).unwrap();
+    let settings = std::fs::read_to_string(dir.path().join("vvm.toml")).unwrap();
+    std::fs::write(
+        dir.path().join("vvm.toml"),
+        format!(
+            "placement = \"spread\"\n{settings}[service.other]\nschedule = \"* * * * * *\"\n\
+             dirs = [{:?}]\n",
+            format!("{}:/data", other_data.display())
+        ),
+    )
+    .unwrap();
+    let names = ["job".to_owned(), "other".to_owned()];
+    let a = serve("a", dir.path(), "1s");
+    let b = serve("b", dir.path(), "1s");
+    testkit::spread::wait_for_rest(&[&a, &b], &names, &[1, 1]);
+    wait_for_fires(dir.path(), 2);
+    let (mut holder, mut rest) = if testkit::spread::running(&a).contains("job") {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    holder.signal(Signal::KILL);
+    let _ = holder.wait_exit();
+    testkit::spread::wait_for_rest(&[&rest], &names, &[2]);
+    let ran = fires(dir.path()).len();
+    wait_for_fires(dir.path(), ran + 2);
+    rest.signal(Signal::TERM);
+    assert!(rest.wait_exit().success());
+    let mut lines = holder.lines();
+    lines.extend(rest.lines());
+    assert_each_fire_time_once(dir.path(), &lines);
 }
