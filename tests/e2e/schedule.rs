@@ -388,3 +388,34 @@ fn under_spread_placement_the_schedule_follows_the_services_claim() {
     lines.extend(rest.lines());
     assert_each_fire_time_once(dir.path(), &lines);
 }
+
+/// A schedule changed in `vvm.toml` and reloaded (SIGHUP) applies from the next fire time,
+/// without a restart of the service: every 2 s, then every second.
+#[test]
+fn a_reloaded_schedule_applies_from_the_next_fire_time() {
+    let dir = schedule_dir("test/fire-command", "");
+    let toml = dir.path().join("vvm.toml");
+    let every_second = std::fs::read_to_string(&toml).unwrap();
+    std::fs::write(
+        &toml,
+        every_second.replace("\"* * * * * *\"", "\"*/2 * * * * *\""),
+    )
+    .unwrap();
+    let mut host = serve("a", dir.path(), "5s");
+    wait_for_fires(dir.path(), 2);
+    let before: Vec<i64> = fires(dir.path()).into_keys().collect();
+    assert!(before.iter().all(|f| f % 2 == 0), "{before:?}");
+    std::fs::write(&toml, every_second).unwrap();
+    let mark = host.mark();
+    host.signal(Signal::HUP);
+    host.wait_for_from(mark, &["schedule changed", "* * * * * *"]);
+    let ran = fires(dir.path()).len();
+    wait_for_fires(dir.path(), ran + 3);
+    let after: Vec<i64> = fires(dir.path()).into_keys().skip(ran).collect();
+    assert!(
+        after.windows(2).any(|w| w[1] - w[0] == 1),
+        "still every 2 s: {after:?}"
+    );
+    host.signal(Signal::TERM);
+    assert!(host.wait_exit().success());
+}
