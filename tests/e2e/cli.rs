@@ -576,13 +576,13 @@ fn stopped_readers_never_cost_the_leader_its_lease() {
                     .current_dir(dir.path())
                     .env("RUST_LOG", "off")
                     .stdout(std::process::Stdio::null())
-                    .stderr(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::piped())
                     .spawn()
                     .unwrap();
                 let into_read = Duration::from_micros(random.below(3000));
                 let stopped_for = Duration::from_millis(random.below(2000));
                 std::thread::spawn(move || {
-                    let mut child = child;
+                    let child = child;
                     let opened = Instant::now() + Duration::from_millis(12);
                     let stop_at = if args[0] == "check" {
                         opened
@@ -596,13 +596,21 @@ fn stopped_readers_never_cost_the_leader_its_lease() {
                         std::thread::sleep(stopped_for);
                         let _ = kill(&child, Signal::CONT);
                     }
-                    (child.wait().unwrap(), args)
+                    let out = child.wait_with_output().unwrap();
+                    (
+                        out.status,
+                        String::from_utf8_lossy(&out.stderr).into_owned(),
+                        args,
+                    )
                 })
             })
             .collect();
         for reader in readers {
-            let (exit, args) = reader.join().unwrap();
-            assert!(exit.success(), "wave {wave}: {args:?} failed: {exit}");
+            let (exit, stderr, args) = reader.join().unwrap();
+            assert!(
+                exit.success(),
+                "wave {wave}: {args:?} failed: {exit}: {stderr}"
+            );
         }
         let lines = leader.lines();
         assert!(

@@ -104,13 +104,14 @@ impl Reader {
                 .set_cache_size(CACHE_BYTES)
                 .open_read_only_with_backend(wrap(NoWait::new(header)));
             let after = read_header(&file)?;
-            match opened {
+            match opened.map_err(Fault::from) {
                 Ok(db) => {
                     let reader = Self { db, file };
                     check_schema(&reader.begin_read()?)?;
                     return Ok(reader);
                 }
-                Err(e) if before == after => return Err(e.into()),
+                // A lock a writer holds for a moment (its commit): try again, as below.
+                Err(fault) if before == after && !fault.is_transient() => return Err(fault),
                 Err(_) => tries.again()?,
             }
         }
@@ -120,18 +121,22 @@ impl Reader {
     /// its pages while it lasts, without the header lock (see the module's docs).
     ///
     /// # Errors
-    /// redb's error on a header that stayed the same around it; [`Fault::Overtaken`] if
-    /// commits landed under every one of [`TRIES`].
+    /// redb's permanent error on a header that stayed the same around it; [`Fault::Overtaken`]
+    /// if commits landed (or writers held a lock it asked for) under every one of [`TRIES`].
     pub(super) fn begin_read(&self) -> Result<ReadTransaction, Fault> {
         let mut tries = Tries::default();
         loop {
             let before = read_header(&self.file)?;
-            let txn = self.db.begin_read();
+            let txn = self.db.begin_read().map_err(Fault::from);
             let after = read_header(&self.file)?;
-            if before == after {
-                return Ok(txn?);
+            match txn {
+                Ok(txn) if before == after => return Ok(txn),
+                // Not tried again: the store is not readable (and a commit under it changes
+                // nothing of that).
+                Err(fault) if before == after && !fault.is_transient() => return Err(fault),
+                // A commit landed under it, or a writer holds a lock it asked for a moment.
+                _ => {}
             }
-            drop(txn);
             tries.again()?;
         }
     }
@@ -190,7 +195,7 @@ impl NoWait {
     }
 
     /// A lock another process holds, which a reader does not wait for.
-    fn held() -> BackendError {
+    pub(super) fn held() -> BackendError {
         BackendError::Io(io::Error::new(
             io::ErrorKind::WouldBlock,
             "another process holds a lock on the store file, and a reader does not wait",

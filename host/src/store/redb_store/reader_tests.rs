@@ -407,3 +407,107 @@ fn a_commit_under_the_registration_makes_the_reader_begin_again() {
     let n = kv.get(("svc", "n")).unwrap().map(|v| v.value().to_vec());
     assert_eq!(n.as_deref(), Some(&b"2"[..]), "the newest commit is read");
 }
+
+/// A reader's backend on which the first `refusals` locks redb asks for (other than the
+/// header lock, which a reader never takes) are held by another process for a moment.
+#[derive(Debug)]
+struct Contended {
+    inner: NoWait,
+    /// Shared by every backend the reader opens (one per try).
+    refusals: Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl Contended {
+    fn refused(&self, start: Bound<u64>, end: Bound<u64>) -> bool {
+        !NoWait::is_header(start, end)
+            && self
+                .refusals
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+    }
+}
+
+impl StorageBackend for Contended {
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        self.inner.read(offset, out)
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.inner.set_len(len)
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        self.inner.sync_data()
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.inner.write(offset, data)
+    }
+
+    fn try_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+        Ok(!self.refused(start, end) && self.inner.try_lock_range(start, end)?)
+    }
+
+    fn try_lock_shared_range(
+        &self,
+        start: Bound<u64>,
+        end: Bound<u64>,
+    ) -> Result<bool, BackendError> {
+        Ok(!self.refused(start, end) && self.inner.try_lock_shared_range(start, end)?)
+    }
+
+    fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        if self.refused(start, end) {
+            return Err(NoWait::held());
+        }
+        self.inner.lock_range(start, end)
+    }
+
+    fn lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        if self.refused(start, end) {
+            return Err(NoWait::held());
+        }
+        self.inner.lock_shared_range(start, end)
+    }
+
+    fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.inner.unlock_range(start, end)
+    }
+
+    fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+        self.inner.query_lock_range(start, end)
+    }
+
+    fn close(&self) -> io::Result<()> {
+        self.inner.close()
+    }
+}
+
+/// A lock another process holds for a moment (a writer in its commit, slowed by the disk)
+/// makes a reader try again, as a commit landing under it does, rather than fail: `status`
+/// under a leader writing at full speed on a loaded machine failed so (a CI run's
+/// `stopped_readers_never_cost_the_leader_its_lease`, wave 4).
+#[test]
+fn a_lock_held_for_a_moment_makes_a_reader_try_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vvm.redb");
+    let (_rt, _writer) = writer_on_a_runtime(&path);
+    let refusals = Arc::new(std::sync::atomic::AtomicU32::new(3));
+    let reader = Reader::open_with(&path, |inner| Contended {
+        inner,
+        refusals: Arc::clone(&refusals),
+    })
+    .unwrap();
+    assert_eq!(
+        refusals.load(Ordering::SeqCst),
+        0,
+        "the locks were asked for"
+    );
+    refusals.store(3, Ordering::SeqCst);
+    let txn = reader.begin_read().unwrap();
+    assert_eq!(txn.open_table(LEASES).unwrap().len().unwrap(), 1);
+}
