@@ -9,10 +9,11 @@
 //! - [`placement`]: which host runs which service: together on a slot, or spread by claims.
 //! - [`vvm`]: the lifecycle: provide, launch, leadership monitor, ordered shutdown.
 //! - [`runtime`]: the wasmtime host: components, sandboxes, fencing, supervision, and the
-//!   triggers that call guests (`run`, incoming HTTP).
+//!   triggers that call guests (`run`, schedules).
 //! - [`interfaces`]: the interfaces guests call, one host implementation per WIT package
-//!   (`vvm:host`, `wasi:keyvalue`, `wasi:config`, outgoing `wasi:http`), against the seam the
-//!   runtime gives them (the service's environment, the per-call fence).
+//!   (`vvm:host`, `wasi:keyvalue`, `wasi:config`, outgoing `wasi:http`), and incoming HTTP,
+//!   against the seam the runtime gives them (the service's environment, the per-call fence,
+//!   a store per request).
 //! - [`services`]: what the lifecycle starts once a slot is held (the seam to the runtime).
 //! - [`elections`]: acquire, renew and release leases.
 //! - [`problem`]: the problem signal: a running VVM's first fatal error, reported once.

@@ -84,7 +84,7 @@ pub struct GrantConfig {
 }
 
 /// `[incoming-http]`: limits on the requests the host serves to HTTP services on `http-addr`
-/// (SPEC §10). A key left out is the default (`runtime::IncomingLimits`).
+/// (SPEC §10). A key left out is the default (`interfaces::IncomingLimits`).
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct IncomingHttpConfig {

@@ -1,8 +1,10 @@
 //! The interfaces guests call (SPEC §7, §10): one host implementation per WIT package, each
 //! against a narrow seam from the runtime: the service's environment and its per-call fence
 //! (`env`), and one instance's share of the store's state (`Interfaces`, which the
-//! runtime's store data holds and hands out through `View`). Nothing here makes a store,
-//! instantiates or runs a guest: that is the runtime's, which links these (`add_to_linker`).
+//! runtime's store data holds and hands out through `View`); and incoming HTTP, the trigger
+//! that calls a guest's handler per request, against the runtime's `incoming::Sandboxes`.
+//! Nothing here makes a store or links a component: that is the runtime's, which links these
+//! (`add_to_linker`) and gives incoming HTTP a fresh store per request.
 //!
 //! - `env`: `ServiceEnv`, what a service's instances share during one leadership, and the
 //!   fence: `ServiceEnv::fence`, failing with `Fenced`.
@@ -19,14 +21,19 @@
 //! - `outgoing`: outgoing `wasi:http`: the allow-list, the address guard, our connector, the
 //!   fence around each exchange, the fencing-token headers, the limits.
 //! - `view`: `Interfaces` and `View`.
+//! - `incoming`: incoming `wasi:http`: the socket of `http-addr`, shared by the hosts of a
+//!   machine (accepted from only while leading), routes, a store per request (made by the
+//!   runtime, through the seam `incoming::Sandboxes`), responses under the lease.
 //!
-//! Each package links itself here (`add_to_linker`). Dependencies point one way, in this
-//! order (each uses only modules before it): `keyvalue`'s `access`, `env`, `body`, `output`,
-//! `bindings`, `wasi_config`, `outgoing`, `view`, `vvm`, `keyvalue`, `spin`.
+//! Each package links itself here (`add_to_linker`); incoming HTTP is a trigger, not an
+//! import, and links nothing. Dependencies point one way, in this order (each uses only
+//! modules before it): `keyvalue`'s `access`, `env`, `body`, `output`, `bindings`,
+//! `wasi_config`, `outgoing`, `view`, `vvm`, `keyvalue`, `spin`, `incoming`.
 
 pub(crate) mod bindings;
 pub(crate) mod body;
 pub(crate) mod env;
+pub(crate) mod incoming;
 pub(crate) mod keyvalue;
 pub(crate) mod outgoing;
 pub(crate) mod output;
@@ -36,6 +43,7 @@ pub(crate) mod wasi_config;
 mod view;
 mod vvm;
 
+pub use incoming::IncomingLimits;
 pub use keyvalue::access::KvLimits;
 pub use outgoing::{HttpPolicy, LEASE_HEADER, OutgoingLimits, TOKEN_HEADER};
 pub use wasi_config::ServiceConfig;

@@ -112,7 +112,7 @@ fn sharing_note(config: &RuntimeConfig) -> Option<(String, String)> {
                 .to_owned(),
         ));
     };
-    let others = super::incoming::other_addresses(dir, addr);
+    let others = crate::interfaces::incoming::other_addresses(dir, addr);
     (!others.is_empty()).then(|| {
         (
             format!(
@@ -366,7 +366,8 @@ mod tests {
         let other_addr = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|free| free.local_addr())
             .unwrap();
-        let _held = super::super::incoming::SharedSocket::obtain(other_addr, dir.path()).unwrap();
+        let _held =
+            crate::interfaces::incoming::SharedSocket::obtain(other_addr, dir.path()).unwrap();
         let (note, help) = sharing_note(&config).unwrap();
         assert!(note.contains("do not share a socket"), "{note}");
         assert!(help.contains("the same http-addr"), "{help}");

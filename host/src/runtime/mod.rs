@@ -1,6 +1,7 @@
 //! The wasmtime host (SPEC §6, §7): components, sandboxes, fencing at the boundary,
-//! supervision, and the triggers that call guests (a service's `run`, incoming HTTP). The
-//! interfaces guests call are `crate::interfaces`', which this links.
+//! supervision, and the triggers that call guests (a service's `run`, a schedule's fire
+//! times). The interfaces guests call are `crate::interfaces`', which this links; incoming
+//! HTTP is there too, and this implements its seam (`http`).
 //!
 //! - `config`: [`RuntimeConfig`] (directories, limits, grants, restart policy).
 //! - `stacks`: the fiber stacks of the on-demand allocator, mapped once and reused.
@@ -18,20 +19,19 @@
 //!   the log see it.
 //! - `supervisor`: runs, restarts and stops one service; hands the lease over where asked.
 //! - `scheduler`: runs a scheduled service once per fire time, recorded first in the store.
-//! - `incoming`: incoming `wasi:http`: the socket of `http-addr`, shared by the hosts of a
-//!   machine (accepted from only while leading), routes, a store per request, responses
-//!   under the lease.
 //! - `debounce`: when a changed service file is complete and must be looked at (pure).
 //! - `live_dir`: the live services directory: a watcher keeping the catalogue of loaded
 //!   services in step with the directory's files.
+//! - `http`: incoming HTTP's seam (`crate::interfaces::incoming::Sandboxes`): a store per
+//!   request, the limits, the catalogue's HTTP services and their routes.
 //! - `reconcile`: the running services of one leadership, following the catalogue.
 //! - `wasm_services`: [`WasmServices`], the [`crate::services::Services`] the lifecycle starts.
 //! - `check`: what `vvm-host check` says of a directory, with what to change.
 //!
 //! Dependencies point one way, in this order (each uses only modules before it): `config`,
 //! `handles`, `stacks`, `engine`, `state`, `fence`, `imports`, `cache`, `component`,
-//! `progress`, `restart`, `supervisor`, `scheduler`, `incoming`, `debounce`, `live_dir`, `reconcile`,
-//! `wasm_services`, `check`.
+//! `progress`, `restart`, `supervisor`, `scheduler`, `debounce`, `live_dir`, `http`,
+//! `reconcile`, `wasm_services`, `check`.
 
 mod cache;
 mod check;
@@ -41,8 +41,8 @@ mod debounce;
 mod engine;
 mod fence;
 mod handles;
+mod http;
 mod imports;
-mod incoming;
 mod live_dir;
 mod progress;
 mod reconcile;
@@ -55,7 +55,7 @@ mod wasm_services;
 
 pub use check::{CheckReport, Note, check, help};
 pub use component::{LoadError, LoadErrorKind, LoadStats, ServiceKind};
-pub use config::{DirGrant, Grants, IncomingLimits, RestartPolicy, RuntimeConfig};
+pub use config::{DirGrant, Grants, RestartPolicy, RuntimeConfig};
 pub use handles::raise_descriptor_limit;
 pub use wasm_services::WasmServices;
 

@@ -23,7 +23,7 @@ use tokio_util::task::AbortOnDropHandle;
 use super::Grants;
 use super::component::Loaded;
 use super::engine::Runtime;
-use super::incoming::HttpServer;
+use super::http::HttpServer;
 use super::live_dir::Catalogue;
 use super::restart::Tracker;
 use super::scheduler;

@@ -1,8 +1,9 @@
 //! The state of one store (SPEC §6, §7): [`Host`], one instance of one service: its WASI
 //! context, its memory cap, and its share of the interfaces' state ([`Interfaces`], which
 //! holds its service's [`ServiceEnv`] and its resource table). The imports (`imports`), the
-//! fence (`fence`) and the triggers (`supervisor`, `incoming`) read it; the interfaces see
-//! only their own part, through [`View`].
+//! fence (`fence`) and the triggers (`supervisor`, `scheduler`) read it; the interfaces,
+//! incoming HTTP's requests among them (their stores made by `http`), see only their own
+//! part, through [`View`].
 
 use std::sync::Arc;
 

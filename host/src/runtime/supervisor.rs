@@ -253,7 +253,7 @@ async fn run_once(
             finish(env, None, handles, run).await
         }
         Pre::Http => {
-            // Served per request (`incoming`): each request has its own store and instance.
+            // Served per request (`crate::interfaces::incoming`): each request has its own store and instance.
             drop(store);
             created(started).await;
             tracing::info!(service, kind = "http", "service running");

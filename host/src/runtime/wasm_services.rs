@@ -13,13 +13,14 @@ use wasmtime::component::Linker;
 use super::cache;
 use super::component::{self, Compiler, LoadError, LoadStats, Loaded, ServiceFile, ServiceKind};
 use super::engine::{self, Runtime};
+use super::http::{HttpServer, RequestSandboxes};
 use super::imports;
-use super::incoming::{self, HttpServer};
 use super::live_dir::{Catalogue, LiveDir};
 use super::progress::Progress;
 use super::reconcile;
 use super::state::Host;
 use super::{Grants, RuntimeConfig, RuntimeError};
+use crate::interfaces::incoming;
 use crate::ops::Ops;
 use crate::services::{RunningServices, SeparateServices, ServiceContext, ServiceError, Services};
 
@@ -136,7 +137,10 @@ impl WasmServices {
         let catalogue = watch::channel(services).0;
         Ok((
             Self {
-                http: Arc::new(HttpServer::new(Arc::clone(&rt), catalogue.subscribe())),
+                http: Arc::new(HttpServer::new(RequestSandboxes::new(
+                    Arc::clone(&rt),
+                    catalogue.subscribe(),
+                ))),
                 rt,
                 linker,
                 catalogue: Arc::new(catalogue),

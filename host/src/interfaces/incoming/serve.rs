@@ -21,13 +21,14 @@ use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 use wasmtime_wasi_http::p2::types::{HostIncomingRequest, HostResponseOutparam};
 use wasmtime_wasi_http::{Error, WasiHttpView as _};
 
-use super::{Entry, Routed, Shared};
-use super::{body, spin};
-use crate::interfaces::Fenced;
-use crate::interfaces::TOKEN_HEADER;
+use super::body;
+use super::routes::{Entry, Routed, Shared};
+use super::sandboxes::Sandboxes;
+use super::spin;
+use crate::interfaces::env::Fenced;
+use crate::interfaces::outgoing::TOKEN_HEADER;
+use crate::interfaces::view::View;
 use crate::ops::RunningGuard;
-use crate::runtime::imports::new_store;
-use crate::runtime::state::Host;
 
 /// Why a connection is aborted instead of answered: the lease deadline passed before the
 /// response head (another host may lead by now).
@@ -56,8 +57,8 @@ fn unavailable(text: &'static str) -> Response<HyperOutgoingBody> {
 }
 
 /// Serves `req`: the route's service's handler, or the host's 404 or 503.
-pub(super) async fn serve(
-    shared: Arc<Shared>,
+pub(super) async fn serve<S: Sandboxes>(
+    shared: Arc<Shared<S>>,
     mut req: Request<Incoming>,
     client: Option<SocketAddr>,
 ) -> Result<Response<HyperOutgoingBody>, Aborted> {
@@ -77,16 +78,17 @@ pub(super) async fn serve(
 
 /// Handles `req` for the service of `entry`: its handler's response, or the host's 413 or
 /// 503 (or 504, or 500 when the handler gave no response).
-async fn handle(
-    shared: &Shared,
-    entry: Arc<Entry>,
+async fn handle<S: Sandboxes>(
+    shared: &Shared<S>,
+    entry: Arc<Entry<S::Data>>,
     req: Request<Incoming>,
 ) -> Result<Response<HyperOutgoingBody>, Aborted> {
     // Admitted only under the lease: the term is the environment's, pinned from here on.
     if entry.env.deadline.has_passed() {
         return Ok(unavailable("not leading\n"));
     }
-    let max_body = shared.rt.config.incoming_http.max_body_bytes;
+    let limits = shared.sandboxes.limits();
+    let max_body = limits.max_body_bytes;
     if req.body().size_hint().lower() > max_body {
         // Refused unread: hyper sends no `100 Continue` for a body nobody polls, and closes
         // the connection rather than read the rest.
@@ -102,20 +104,10 @@ async fn handle(
         );
         return Ok(unavailable("busy\n"));
     };
-    let rt = &shared.rt;
-    let service = &*entry.env.name;
-    let grants = rt.grants();
-    let handles = rt.handle_cap(service, &grants);
-    let mut store = match new_store(
-        &rt.engine,
-        &entry.env,
-        &rt.config,
-        grants.get(service),
-        handles,
-        &[],
-    ) {
+    let mut store = match shared.sandboxes.store(&entry.env) {
         Ok(store) => store,
         Err(e) => {
+            let service = &*entry.env.name;
             tracing::error!(service, error = %format!("{e:#}"), "request: no sandbox");
             return Ok(plain(StatusCode::INTERNAL_SERVER_ERROR, "no sandbox\n"));
         }
@@ -129,7 +121,7 @@ async fn handle(
     let Ok((request, out)) = resources else {
         return Ok(plain(StatusCode::BAD_REQUEST, "bad request\n"));
     };
-    let timeout_at = Instant::now() + rt.config.incoming_http.request_timeout;
+    let timeout_at = Instant::now() + limits.request_timeout;
     let broken = CancellationToken::new();
     let unstarted = CancellationToken::new();
     let call = Call {
@@ -137,7 +129,7 @@ async fn handle(
         broken: broken.clone(),
         unstarted: unstarted.clone(),
         timeout_at,
-        grace: rt.config.grace_period,
+        grace: shared.sandboxes.grace_period(),
         _permit: permit,
         _in_flight: entry.env.ops.http_in_flight(&entry.env.name),
     };
@@ -168,8 +160,8 @@ fn limited(body: Incoming, max: u64) -> impl hyper::body::Body<Data = Bytes, Err
 }
 
 /// The response to send for the handler's `head` (or why there is none).
-fn answer(
-    entry: &Entry,
+fn answer<T: 'static>(
+    entry: &Entry<T>,
     head: Result<Result<Response<HyperOutgoingBody>, ErrorCode>, RecvError>,
     timeout_at: Instant,
     broken: CancellationToken,
@@ -197,9 +189,9 @@ fn answer(
 }
 
 /// The handler's call for one request, on a task of its own (its body may stream after the
-/// head is sent).
-struct Call {
-    entry: Arc<Entry>,
+/// head is sent); `T` its store's data.
+struct Call<T: 'static> {
+    entry: Arc<Entry<T>>,
     /// Cancelled when the call did not complete, before its store is dropped.
     broken: CancellationToken,
     /// Cancelled when no instance could be made for it (before `broken`).
@@ -212,10 +204,10 @@ struct Call {
     _in_flight: RunningGuard,
 }
 
-impl Call {
+impl<T: View> Call<T> {
     async fn run(
         self,
-        mut store: Store<Host>,
+        mut store: Store<T>,
         request: Resource<HostIncomingRequest>,
         out: Resource<HostResponseOutparam>,
     ) {

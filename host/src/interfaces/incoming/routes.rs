@@ -1,0 +1,80 @@
+//! The routes served now (SPEC §10, "Incoming HTTP"): each HTTP service a leadership serves
+//! here ([`Entry`]), and who answers a request's path among them and the other HTTP services
+//! loaded ([`Shared::route`]).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::Semaphore;
+use tokio_util::task::TaskTracker;
+use wasmtime_wasi_http::p2::bindings::ProxyPre;
+
+use super::sandboxes::Sandboxes;
+use crate::config::{Route, pick_route};
+use crate::interfaces::env::ServiceEnv;
+
+/// One HTTP service being served, during one leadership; `T` its stores' data.
+pub(super) struct Entry<T: 'static> {
+    /// Where it is served.
+    pub route: Route,
+    /// Its environment: lease, deadline, stop signal; every request's store shares it.
+    pub env: Arc<ServiceEnv>,
+    /// Its component, pre-instantiated once.
+    pub pre: ProxyPre<T>,
+    /// Its requests in flight at once.
+    pub permits: Arc<Semaphore>,
+    /// Its handlers' calls still running.
+    pub requests: TaskTracker,
+}
+
+/// The routes of a store data `T`.
+pub(super) type Routes<T> = BTreeMap<String, Arc<Entry<T>>>;
+
+/// What the connections read: the runtime's side (with the HTTP services loaded: a route of
+/// one not served here is answered 503, held by another host under spread placement or
+/// between two leaderships, not 404), and the routes served now.
+pub(super) struct Shared<S: Sandboxes> {
+    pub sandboxes: S,
+    pub routes: Mutex<Routes<S::Data>>,
+}
+
+/// Who answers a request's path.
+pub(super) enum Routed<T: 'static> {
+    /// A service served here now.
+    Here(Arc<Entry<T>>),
+    /// An HTTP service loaded but not served here now.
+    Elsewhere,
+    /// No route matches it.
+    Nowhere,
+}
+
+impl<S: Sandboxes> Shared<S> {
+    /// Who answers `path`: of the routes of the services served here and of the other HTTP
+    /// services loaded, the most specific match (the first service by name among equals).
+    pub(super) fn route(&self, path: &str) -> Routed<S::Data> {
+        let routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
+        let others = self
+            .sandboxes
+            .http_routes(&|name| routes.contains_key(name));
+        let served = routes.iter().map(|(name, e)| (&e.route, name.as_str()));
+        let others = others.iter().map(|(name, route)| (route, name.as_str()));
+        match pick_route(served.chain(others), path) {
+            None => Routed::Nowhere,
+            Some(name) => routes
+                .get(name)
+                .map_or(Routed::Elsewhere, |e| Routed::Here(Arc::clone(e))),
+        }
+    }
+
+    /// The services other than `name` that have `route`, served here or not.
+    pub(super) fn sharing(&self, name: &str, route: &Route) -> Vec<String> {
+        let routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut names: Vec<String> = (self.sandboxes.http_routes(&|other| other == name))
+            .into_iter()
+            .filter(|(other, theirs)| routes.get(other).map_or(theirs, |e| &e.route) == route)
+            .map(|(other, _)| other)
+            .collect();
+        names.sort();
+        names
+    }
+}
