@@ -62,6 +62,14 @@ pub fn unix_seconds() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// The wall clock in milliseconds since the Unix epoch (0 if it reads earlier), for records
+/// people read, never for deadlines.
+pub fn unix_millis() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// `now + d` on tokio's clock without overflow: a `d` beyond the clock's range (a setting
 /// of years, `Duration::MAX`) gives a moment a century away, which nothing waits for.
 pub fn tokio_after(now: tokio::time::Instant, d: Duration) -> tokio::time::Instant {

@@ -249,7 +249,7 @@ impl spin_batch::Host for Interfaces {
         bucket: Resource<Bucket>,
         keys: Vec<String>,
     ) -> wasmtime::Result<Result<Vec<(String, Option<Vec<u8>>)>, store::Error>> {
-        let space = self.table.get(&bucket)?.space.clone();
+        let space = space(self, &bucket)?;
         Ok(self
             .kv()
             .get_many(&space, &keys)
@@ -263,7 +263,7 @@ impl spin_batch::Host for Interfaces {
         bucket: Resource<Bucket>,
         key_values: Vec<(String, Vec<u8>)>,
     ) -> wasmtime::Result<Result<(), store::Error>> {
-        let space = self.table.get(&bucket)?.space.clone();
+        let space = space(self, &bucket)?;
         let writes: Vec<KvWrite<'_>> = key_values
             .iter()
             .map(|(key, value)| KvWrite::Set { key, value })
@@ -276,7 +276,7 @@ impl spin_batch::Host for Interfaces {
         bucket: Resource<Bucket>,
         keys: Vec<String>,
     ) -> wasmtime::Result<Result<(), store::Error>> {
-        let space = self.table.get(&bucket)?.space.clone();
+        let space = space(self, &bucket)?;
         let writes: Vec<KvWrite<'_>> = keys.iter().map(|key| KvWrite::Delete { key }).collect();
         Ok(self.kv().write(&space, &writes).await?.map_err(Into::into))
     }

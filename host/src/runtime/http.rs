@@ -41,18 +41,7 @@ impl Sandboxes for RequestSandboxes {
     type Data = Host;
 
     fn store(&self, env: &Arc<ServiceEnv>) -> wasmtime::Result<Store<Host>> {
-        let rt = &self.rt;
-        let service = &*env.name;
-        let grants = rt.grants();
-        let handles = rt.handle_cap(service, &grants);
-        new_store(
-            &rt.engine,
-            env,
-            &rt.config,
-            grants.get(service),
-            handles,
-            &[],
-        )
+        new_store(&self.rt, env, &[]).map(|(store, _)| store)
     }
 
     fn limits(&self) -> IncomingLimits {

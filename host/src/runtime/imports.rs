@@ -10,7 +10,8 @@ use wasmtime::{Engine, Store, StoreLimitsBuilder, UpdateDeadline};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder};
 
 use super::RuntimeError;
-use super::config::{Grants, RuntimeConfig};
+use super::config::Grants;
+use super::engine::Runtime;
 use super::fence;
 use super::state::Host;
 use crate::interfaces::keyvalue::access::KvAccess;
@@ -33,18 +34,21 @@ fn add_imports(linker: &mut Linker<Host>) -> wasmtime::Result<()> {
     fence::shadow(linker)
 }
 
-/// A fresh store for one instance of the service `env`: its own WASI context (with only what
-/// `grants` allow, and the environment variables `more` beside its granted ones), memory cap,
-/// at most `handle_cap` handles, the per-call fence, and an epoch deadline that yields every
-/// tick and traps once the lease deadline has passed.
+/// A fresh store for one instance of the service `env` on `rt`: its own WASI context (with
+/// only what its grants allow as they are now, and the environment variables `more` beside
+/// its granted ones), memory cap, at most its handle cap of handles, the per-call fence, and an
+/// epoch deadline that yields every tick and traps once the lease deadline has passed. With
+/// the store, the handle cap, for the reason of a failure at it.
 pub(crate) fn new_store(
-    engine: &Engine,
+    rt: &Runtime,
     env: &Arc<ServiceEnv>,
-    config: &RuntimeConfig,
-    grants: Option<&Grants>,
-    handle_cap: usize,
     more: &[(&str, String)],
-) -> wasmtime::Result<Store<Host>> {
+) -> wasmtime::Result<(Store<Host>, usize)> {
+    // The grants as they are now: a re-read configuration applies from the next instance.
+    let all = rt.grants();
+    let grants = all.get(&*env.name);
+    let handle_cap = rt.handle_cap(&env.name, &all);
+    let config = &rt.config;
     let mut table = ResourceTable::new();
     table.set_max_capacity(handle_cap);
     let host = Host {
@@ -66,7 +70,7 @@ pub(crate) fn new_store(
             grants.map(|g| Arc::clone(&g.http)).unwrap_or_default(),
         ),
     };
-    let mut store = Store::new(engine, host);
+    let mut store = Store::new(&rt.engine, host);
     store.limiter(|h| &mut h.limits);
     fence::install(&mut store);
     store.set_epoch_deadline(1);
@@ -76,7 +80,7 @@ pub(crate) fn new_store(
         }
         Ok(UpdateDeadline::Yield(1))
     });
-    Ok(store)
+    Ok((store, handle_cap))
 }
 
 fn wasi_ctx(

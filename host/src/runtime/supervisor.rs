@@ -200,18 +200,8 @@ async fn run_once(
     started: &mut Option<FirstStart>,
 ) -> Outcome {
     let service = &*env.name;
-    // The grants as they are now: a re-read configuration applies from the next start.
-    let grants = rt.grants();
-    let handles = rt.handle_cap(service, &grants);
-    let mut store = match new_store(
-        &rt.engine,
-        env,
-        &rt.config,
-        grants.get(service),
-        handles,
-        &[],
-    ) {
-        Ok(store) => store,
+    let (mut store, handles) = match new_store(rt, env, &[]) {
+        Ok(made) => made,
         Err(e) => {
             started.take();
             return Outcome::Failed(format!("cannot set up its sandbox: {e:#}"));

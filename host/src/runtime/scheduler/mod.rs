@@ -240,11 +240,10 @@ async fn start_due(
 /// How long until the wall clock reads `fire` (at least a millisecond, so that a fire time
 /// is looked at once its second has begun).
 fn until(fire: FireTime) -> Duration {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let at = Duration::from_secs(u64::try_from(fire.unix()).unwrap_or(0));
-    at.saturating_sub(now).max(Duration::from_millis(1))
+    // Milliseconds read down: the wait ends at or after the fire time's second begins.
+    let at = u64::try_from(fire.unix()).unwrap_or(0).saturating_mul(1000);
+    Duration::from_millis(at.saturating_sub(crate::clock::unix_millis()))
+        .max(Duration::from_millis(1))
 }
 
 /// Waits `d`, or returns `false` once the service must stop.

@@ -51,12 +51,6 @@ pub(super) fn wall_seconds() -> i64 {
     i64::try_from(crate::clock::unix_seconds()).unwrap_or(i64::MAX)
 }
 
-pub(super) fn wall_millis() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
 /// The fence of `env`'s writes.
 pub(super) fn fence(env: &ServiceEnv) -> Fence<'_> {
     Fence {
@@ -79,7 +73,7 @@ pub(super) fn record(env: &ServiceEnv, outcome: &str) -> Record {
     Record {
         term: env.lease.term,
         holder: env.lease.holder.clone(),
-        started_ms: wall_millis(),
+        started_ms: crate::clock::unix_millis(),
         outcome: outcome.to_owned(),
         error: None,
         duration_ms: None,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::FIRE_TIME_VAR;
-use super::records::{Record, record, wall_millis, write};
+use super::records::{Record, record, write};
 use crate::interfaces::ServiceEnv;
 use crate::interfaces::bindings::spin_cron::fermyon::spin_cron::cron_types::{
     Error as CronError, Metadata,
@@ -42,7 +42,8 @@ pub(super) async fn run_one(
 ) -> Option<RunStatus> {
     let service = &*env.name;
     let started = Instant::now();
-    let late_ms = wall_millis().saturating_sub(u64::try_from(fire.unix()).unwrap_or(0) * 1000);
+    let late_ms =
+        crate::clock::unix_millis().saturating_sub(u64::try_from(fire.unix()).unwrap_or(0) * 1000);
     let ended = match timeout {
         Some(t) => match tokio::time::timeout(t, call(rt, svc, env, fire)).await {
             Ok(ended) => ended,
@@ -97,19 +98,9 @@ pub(super) async fn run_one(
 
 /// Instantiates `svc` for `fire` and calls its handler (or its `run`).
 async fn call(rt: &Runtime, svc: &Loaded, env: &Arc<ServiceEnv>, fire: FireTime) -> Ended {
-    let service = &*env.name;
-    let grants = rt.grants();
-    let handles = rt.handle_cap(service, &grants);
     let fire_env = [(FIRE_TIME_VAR, fire.unix().to_string())];
-    let mut store = match new_store(
-        &rt.engine,
-        env,
-        &rt.config,
-        grants.get(service),
-        handles,
-        &fire_env,
-    ) {
-        Ok(store) => store,
+    let (mut store, handles) = match new_store(rt, env, &fire_env) {
+        Ok(made) => made,
         Err(e) => return Ended::Error(format!("cannot set up its sandbox: {e:#}")),
     };
     let answer = match &svc.pre {

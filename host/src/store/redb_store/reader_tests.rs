@@ -5,7 +5,7 @@
 use std::io;
 use std::ops::Bound;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -30,10 +30,33 @@ const TRANSACTION_BYTES: u64 = (1 << 62) + 1024;
 
 /// A reader's backend that calls `hook` at every moment a process could be stopped while it
 /// holds something: right after each lock redb asked for is (or is said to be) taken, and
-/// before each read of the file.
+/// before each read of the file. The first `refusals` locks redb asks for (other than the
+/// header lock, which a reader never takes) are held by another process for a moment.
 struct Watched {
     inner: NoWait,
     hook: Arc<dyn Fn(&'static str, Range) + Send + Sync>,
+    /// Shared by every backend the reader opens (one per try).
+    refusals: Arc<AtomicU32>,
+}
+
+impl Watched {
+    /// `inner`, calling `hook`, with no lock refused.
+    fn new(inner: NoWait, hook: &Arc<dyn Fn(&'static str, Range) + Send + Sync>) -> Self {
+        Self {
+            inner,
+            hook: Arc::clone(hook),
+            refusals: Arc::default(),
+        }
+    }
+
+    /// Whether the lock of `start..end` is refused, held by another process.
+    fn refused(&self, start: Bound<u64>, end: Bound<u64>) -> bool {
+        !NoWait::is_header(start, end)
+            && self
+                .refusals
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+    }
 }
 
 impl std::fmt::Debug for Watched {
@@ -65,7 +88,7 @@ impl StorageBackend for Watched {
     }
 
     fn try_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
-        let taken = self.inner.try_lock_range(start, end)?;
+        let taken = !self.refused(start, end) && self.inner.try_lock_range(start, end)?;
         if taken {
             (self.hook)("try_lock_range", (start, end));
         }
@@ -77,7 +100,7 @@ impl StorageBackend for Watched {
         start: Bound<u64>,
         end: Bound<u64>,
     ) -> Result<bool, BackendError> {
-        let taken = self.inner.try_lock_shared_range(start, end)?;
+        let taken = !self.refused(start, end) && self.inner.try_lock_shared_range(start, end)?;
         if taken {
             (self.hook)("try_lock_shared_range", (start, end));
         }
@@ -85,12 +108,18 @@ impl StorageBackend for Watched {
     }
 
     fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        if self.refused(start, end) {
+            return Err(NoWait::held());
+        }
         self.inner.lock_range(start, end)?;
         (self.hook)("lock_range", (start, end));
         Ok(())
     }
 
     fn lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        if self.refused(start, end) {
+            return Err(NoWait::held());
+        }
         self.inner.lock_shared_range(start, end)?;
         (self.hook)("lock_shared_range", (start, end));
         Ok(())
@@ -201,11 +230,7 @@ fn a_reader_paused_anywhere_in_its_read_delays_no_commit() {
         }
     };
     let hook: Arc<dyn Fn(&'static str, Range) + Send + Sync> = Arc::new(hook);
-    let reader = Reader::open_with(&path, |inner| Watched {
-        inner,
-        hook: Arc::clone(&hook),
-    })
-    .unwrap();
+    let reader = Reader::open_with(&path, |inner| Watched::new(inner, &hook)).unwrap();
     let txn = reader.begin_read().unwrap();
     let leases = txn.open_table(LEASES).unwrap();
     assert_eq!(leases.len().unwrap(), 1);
@@ -243,11 +268,7 @@ fn redbs_header_lock_is_the_range_a_reader_passes_by() {
         }
     };
     let hook: Arc<dyn Fn(&'static str, Range) + Send + Sync> = Arc::new(record);
-    let reader = Reader::open_with(&path, |inner| Watched {
-        inner,
-        hook: Arc::clone(&hook),
-    })
-    .unwrap();
+    let reader = Reader::open_with(&path, |inner| Watched::new(inner, &hook)).unwrap();
     drop(reader.begin_read().unwrap());
     let asked = asked.lock().unwrap();
     assert!(!asked.is_empty(), "redb locked the header");
@@ -391,11 +412,7 @@ fn a_commit_under_the_registration_makes_the_reader_begin_again() {
         }
     };
     let hook: Arc<dyn Fn(&'static str, Range) + Send + Sync> = Arc::new(hook);
-    let reader = Reader::open_with(&path, |inner| Watched {
-        inner,
-        hook: Arc::clone(&hook),
-    })
-    .unwrap();
+    let reader = Reader::open_with(&path, |inner| Watched::new(inner, &hook)).unwrap();
     reading.store(true, Ordering::SeqCst);
     let txn = reader.begin_read().unwrap();
     assert_eq!(
@@ -408,85 +425,6 @@ fn a_commit_under_the_registration_makes_the_reader_begin_again() {
     assert_eq!(n.as_deref(), Some(&b"2"[..]), "the newest commit is read");
 }
 
-/// A reader's backend on which the first `refusals` locks redb asks for (other than the
-/// header lock, which a reader never takes) are held by another process for a moment.
-#[derive(Debug)]
-struct Contended {
-    inner: NoWait,
-    /// Shared by every backend the reader opens (one per try).
-    refusals: Arc<std::sync::atomic::AtomicU32>,
-}
-
-impl Contended {
-    fn refused(&self, start: Bound<u64>, end: Bound<u64>) -> bool {
-        !NoWait::is_header(start, end)
-            && self
-                .refusals
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok()
-    }
-}
-
-impl StorageBackend for Contended {
-    fn len(&self) -> io::Result<u64> {
-        self.inner.len()
-    }
-
-    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
-        self.inner.read(offset, out)
-    }
-
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.inner.set_len(len)
-    }
-
-    fn sync_data(&self) -> io::Result<()> {
-        self.inner.sync_data()
-    }
-
-    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        self.inner.write(offset, data)
-    }
-
-    fn try_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
-        Ok(!self.refused(start, end) && self.inner.try_lock_range(start, end)?)
-    }
-
-    fn try_lock_shared_range(
-        &self,
-        start: Bound<u64>,
-        end: Bound<u64>,
-    ) -> Result<bool, BackendError> {
-        Ok(!self.refused(start, end) && self.inner.try_lock_shared_range(start, end)?)
-    }
-
-    fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
-        if self.refused(start, end) {
-            return Err(NoWait::held());
-        }
-        self.inner.lock_range(start, end)
-    }
-
-    fn lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
-        if self.refused(start, end) {
-            return Err(NoWait::held());
-        }
-        self.inner.lock_shared_range(start, end)
-    }
-
-    fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
-        self.inner.unlock_range(start, end)
-    }
-
-    fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
-        self.inner.query_lock_range(start, end)
-    }
-
-    fn close(&self) -> io::Result<()> {
-        self.inner.close()
-    }
-}
-
 /// A lock another process holds for a moment (a writer in its commit, slowed by the disk)
 /// makes a reader try again, as a commit landing under it does, rather than fail: `status`
 /// under a leader writing at full speed on a loaded machine failed so (a CI run's
@@ -496,10 +434,11 @@ fn a_lock_held_for_a_moment_makes_a_reader_try_again() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("vvm.redb");
     let (_rt, _writer) = writer_on_a_runtime(&path);
-    let refusals = Arc::new(std::sync::atomic::AtomicU32::new(3));
-    let reader = Reader::open_with(&path, |inner| Contended {
-        inner,
+    let refusals = Arc::new(AtomicU32::new(3));
+    let hook: Arc<dyn Fn(&'static str, Range) + Send + Sync> = Arc::new(|_, _| {});
+    let reader = Reader::open_with(&path, |inner| Watched {
         refusals: Arc::clone(&refusals),
+        ..Watched::new(inner, &hook)
     })
     .unwrap();
     assert_eq!(
