@@ -182,6 +182,19 @@ impl LeaseDeadline {
         })
     }
 
+    /// Resolves once the deadline is ahead again: at once while it has not passed, else when
+    /// a renewal moves it later (spread placement's membership is renewed after a loss; a
+    /// slot's or a claim's deadline never moves later once passed, so this waits for ever).
+    pub async fn ahead(&self) {
+        let mut until = self.until.clone();
+        while self.has_passed() {
+            if until.changed().await.is_err() {
+                // Gone: it can no longer move.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
     async fn naps(&self) {
         let mut until = self.until.clone();
         let mut moves = true;

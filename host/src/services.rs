@@ -78,12 +78,27 @@ pub trait RunningServices: Send {
     async fn stop(self: Box<Self>);
 }
 
+/// A host's front door under spread placement: its HTTP listener, open for its membership of
+/// the group rather than for any one claim (claims come and go while the host stays).
+#[async_trait]
+pub trait FrontDoor: Send {
+    /// Stops accepting, lets the open connections finish the request in progress within the
+    /// grace period, then drops them. Returns when no connection is left.
+    async fn close(self: Box<Self>);
+}
+
 /// The services of spread placement ([`crate::placement`]): each one started on its own,
 /// under a claim of its own.
 #[async_trait]
 pub trait SeparateServices: Send + Sync + 'static {
     /// The names of the services there are now, sorted.
     fn names(&self) -> Vec<String>;
+
+    /// Opens this host's front door for its membership of the group, if it serves HTTP: it
+    /// accepts until closed, and on a socket shared with other hosts only while `membership`
+    /// (the membership's local deadline) is ahead. Each request it takes is judged by the
+    /// claim of the service it asks for.
+    fn open_door(&self, membership: LeaseDeadline) -> Option<Box<dyn FrontDoor>>;
 
     /// Starts the service `name` alone under `ctx.lease` (its claim); returns once it has
     /// started. It follows the services directory as [`Services::start`] does: a replaced

@@ -25,6 +25,7 @@ mod schedule;
 mod shared_listener;
 mod spin;
 mod spread;
+mod spread_http;
 mod stateful_http;
 mod systemd;
 mod tools;

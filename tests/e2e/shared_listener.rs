@@ -26,7 +26,7 @@ const LEASE: Duration = Duration::from_secs(1);
 
 /// How one request ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
-enum Answer {
+pub(crate) enum Answer {
     /// 200, under this term.
     Ok(u64),
     /// 503 with `Retry-After`.
@@ -42,13 +42,14 @@ enum Answer {
     Other(String),
 }
 
-/// One GET on a new connection.
-fn ask(addr: SocketAddr) -> Answer {
+/// One GET of `path` on a new connection.
+pub(crate) fn ask(addr: SocketAddr, path: &str) -> Answer {
     let Ok(mut stream) = TcpStream::connect(addr) else {
         return Answer::Refused;
     };
     stream.set_read_timeout(Some(CLIENT_TIMEOUT)).unwrap();
-    let _ = stream.write_all(b"GET /hello/n HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+    let request = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+    let _ = stream.write_all(request.as_bytes());
     let mut out = Vec::new();
     let read = stream.read_to_end(&mut out);
     let text = String::from_utf8_lossy(&out).into_owned();
@@ -79,7 +80,7 @@ fn ask(addr: SocketAddr) -> Answer {
 
 /// Sets its flag when dropped: at the end of a scenario, or when an assertion in it fails
 /// (so the clients' threads end, and the test fails rather than hangs).
-struct StopOnDrop<'a>(&'a AtomicBool);
+pub(crate) struct StopOnDrop<'a>(pub(crate) &'a AtomicBool);
 
 impl Drop for StopOnDrop<'_> {
     fn drop(&mut self) {
@@ -146,7 +147,7 @@ fn a_stopped_leader_keeps_nothing_from_its_successor() {
         let client = || {
             while !done.load(Ordering::SeqCst) {
                 let sent = Instant::now();
-                answers.push(sent, ask(addr));
+                answers.push(sent, ask(addr, "/hello/n"));
             }
         };
         for _ in 0..CLIENTS {

@@ -17,11 +17,17 @@
 //! - **Deadlines and the killer.** Each claim has its own local deadline (start of its last
 //!   successful write + 0.8·L, see [`crate::lease::LeaseDeadline`]); the killer is armed at
 //!   the earliest of them and disarmed only while no claim is held (no service runs then).
+//! - **The front door.** The host's HTTP listener belongs to its membership, not to any one
+//!   claim: it opens when the host first joins and closes when it leaves; on a socket shared
+//!   with other hosts it accepts only while the membership's local deadline (start of its last
+//!   write + 0.8·L, as a claim's) is ahead, and again once the membership is renewed after a
+//!   loss. Each request is judged by its service's claim (`crate::interfaces::incoming`).
 //! - **Rules per claim** (SPEC §4–§6): services are compiled before anything is claimed (the
 //!   catalogue is loaded before [`Spread::run`]); a service starts only after its claim is
 //!   written; stopping is ordered: stop signal, grace period, drop, then the claim is deleted;
 //!   a shutdown leaves the group first (membership deleted, so the others' shares grow at
-//!   once), then hands over every claim that way, and disarms the killer last.
+//!   once, and the door stops taking from a shared queue), then hands over every claim that
+//!   way, disarms the killer, and closes the door last.
 //!
 //! `claims` holds a member's claims (renewal, loss, ordered stop, insert and start, the
 //! killer), `balance` its fair share (joining, claiming, handing surplus over).
@@ -44,7 +50,7 @@ use crate::killer::Killer;
 use crate::lease::{LocalLease, release_patience, renew_every};
 use crate::ops::Ops;
 use crate::problem::ProblemReporter;
-use crate::services::{RunningServices, SeparateServices};
+use crate::services::{FrontDoor, RunningServices, SeparateServices};
 use crate::store::{Store, Term};
 
 /// How a host places services under spread placement.
@@ -110,6 +116,8 @@ impl Spread {
             claims: BTreeMap::new(),
             last_renewal: None,
             record_known: false,
+            membership: None,
+            door: None,
             cooldown: HashMap::new(),
             next_expiry: None,
             wake: Arc::new(Notify::new()),
@@ -191,6 +199,10 @@ struct Member {
     last_renewal: Option<Timestamp>,
     /// Whether the last renewal (or insert) found our membership record.
     record_known: bool,
+    /// Our membership's local lease, once we have joined: the door's deadline.
+    membership: Option<LocalLease>,
+    /// The front door, open from the first join to the leave.
+    door: Option<Box<dyn FrontDoor>>,
     /// Services this host does not claim again before a time: they failed here.
     cooldown: HashMap<String, tokio::time::Instant>,
     /// When the earliest claim of another holder expires, if this host has room for it.
@@ -261,9 +273,11 @@ impl Member {
     }
 
     /// Leaves the group in order: the membership record goes first (the others' shares grow
-    /// at once, and each claim deleted below is taken over as soon as it is free); then every
-    /// service is stopped and its claim deleted, renewing meanwhile; the killer is disarmed
-    /// last.
+    /// at once, each claim deleted below is taken over as soon as it is free, and the door
+    /// takes nothing more from a shared queue); then every service is stopped and its claim
+    /// deleted, renewing meanwhile; the killer is disarmed; the door closes last (its
+    /// connections finish their request in progress: by now a 503, or the answer of a service
+    /// stopped within its grace period).
     async fn leave(mut self) {
         tracing::info!("leaving the group");
         let lease = self.lease();
@@ -273,6 +287,9 @@ impl Member {
             .compare_and_delete(&self.record_key, self.holder());
         if let Ok(Err(e)) = tokio::time::timeout(release_patience(lease), delete).await {
             tracing::warn!(error = %e, "deleting the membership failed; it will expire");
+        }
+        if let Some(membership) = &self.membership {
+            membership.pull_in(self.s.clock.now());
         }
         let names: Vec<String> = self.claims.keys().cloned().collect();
         for name in &names {
@@ -295,6 +312,9 @@ impl Member {
             }
         }
         self.s.killer.disarm();
+        if let Some(door) = self.door.take() {
+            door.close().await;
+        }
         tracing::info!("left the group");
     }
 }

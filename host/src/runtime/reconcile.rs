@@ -29,6 +29,7 @@ use super::restart::Tracker;
 use super::scheduler;
 use super::supervisor::{FirstStart, supervise};
 use crate::interfaces::ServiceEnv;
+use crate::interfaces::incoming::Door;
 use crate::interfaces::keyvalue::access::WriteBudget;
 use crate::interfaces::outgoing::{HttpPolicy, OutgoingHttp};
 use crate::services::{RunningServices, ServiceContext};
@@ -41,7 +42,8 @@ const START_PATIENCE: Duration = Duration::from_secs(1);
 /// Starts every service of the catalogue under `ctx.lease` (with `only`, just that one: spread
 /// placement runs each service under its own claim), returns once each has started (or the
 /// stop came, or [`START_PATIENCE`] passed), and from then on follows the catalogue until
-/// stopped.
+/// stopped. A leadership of every service holds the host's front door (`http-addr`) for its
+/// whole life, HTTP services or not; under spread placement the membership holds it.
 pub(crate) async fn start(
     rt: Arc<Runtime>,
     http: Arc<HttpServer>,
@@ -52,8 +54,14 @@ pub(crate) async fn start(
     let stop = ctx.stopping.child_token();
     let grace = rt.config.grace_period;
     let term = ctx.lease.term;
+    let door = if only.is_none() {
+        http.open(ctx.deadline.clone())
+    } else {
+        None
+    };
     let mut reconciler = Reconciler {
         rt,
+        door,
         http,
         ctx,
         stop: stop.clone(),
@@ -105,6 +113,8 @@ struct Supervised {
 /// The services of one leadership, by name.
 struct Reconciler {
     rt: Arc<Runtime>,
+    /// The front door this leadership holds open, if it holds it (not a spread claim's).
+    door: Option<Door>,
     /// Where its HTTP services are served.
     http: Arc<HttpServer>,
     ctx: ServiceContext,
@@ -200,9 +210,9 @@ impl Reconciler {
         rx
     }
 
-    /// Stops serving the HTTP services among `names` but those in `handing_over` (the
-    /// listener closes with the last route), tells the services `names` to stop, waits out
-    /// their grace period, then drops every instance still there.
+    /// Stops serving the HTTP services among `names` but those in `handing_over`, tells the
+    /// services `names` to stop, waits out their grace period, then drops every instance still
+    /// there.
     async fn stop(&mut self, names: &[String], handing_over: &[String]) {
         let unrouted: Vec<String> = names
             .iter()
@@ -245,7 +255,9 @@ impl Reconciler {
         }
     }
 
-    /// Follows the catalogue until the stop, then stops every service.
+    /// Follows the catalogue until the stop, then closes the door (if this leadership holds
+    /// it: the connections finish their request in progress, under the lease) and stops every
+    /// service.
     async fn follow(mut self, mut catalogue: watch::Receiver<Catalogue>) {
         loop {
             tokio::select! {
@@ -261,6 +273,9 @@ impl Reconciler {
             }
             let now = self.wanted(&catalogue.borrow_and_update());
             self.apply(&now).await;
+        }
+        if let Some(door) = self.door.take() {
+            door.close().await;
         }
         let all: Vec<String> = self.running.keys().cloned().collect();
         self.stop(&all, &[]).await;
@@ -282,8 +297,7 @@ impl Reconciler {
             tracing::debug!(service = name, "stopping: replaced or removed");
         }
         // An HTTP service replaced by one keeps its route meanwhile: the old version answers
-        // until the new one takes the route over at its start, so no request meets a 404 (nor,
-        // with the last route, a closed listener).
+        // until the new one takes the route over at its start, so no request meets a 503.
         let handing_over: Vec<String> = outdated
             .iter()
             .filter(|n| {

@@ -21,8 +21,11 @@ use super::reconcile;
 use super::state::Host;
 use super::{Grants, RuntimeConfig, RuntimeError};
 use crate::interfaces::incoming;
+use crate::lease::LeaseDeadline;
 use crate::ops::Ops;
-use crate::services::{RunningServices, SeparateServices, ServiceContext, ServiceError, Services};
+use crate::services::{
+    FrontDoor, RunningServices, SeparateServices, ServiceContext, ServiceError, Services,
+};
 
 /// The services of one directory, compiled and pre-instantiated, ready to start under a
 /// lease. Cheap to start many times (once per leadership). With [`WasmServices::follow_dir`]
@@ -230,6 +233,11 @@ impl Services for WasmServices {
 impl SeparateServices for WasmServices {
     fn names(&self) -> Vec<String> {
         self.catalogue.borrow().keys().cloned().collect()
+    }
+
+    fn open_door(&self, membership: LeaseDeadline) -> Option<Box<dyn FrontDoor>> {
+        let door = self.http.open(membership)?;
+        Some(Box::new(door))
     }
 
     async fn start_one(

@@ -1,7 +1,7 @@
-//! The listener of one leadership (SPEC §10, "Incoming HTTP"): accepts from the shared
-//! socket, or from `http-addr` bound here, until stopped (on the shared socket, until the
-//! lease deadline too), and serves each connection; then lets the connections finish their
-//! request in progress within the grace period.
+//! The listener of one front door (SPEC §10, "Incoming HTTP"): accepts from the shared
+//! socket, or from `http-addr` bound here, until stopped (on the shared socket, only while the
+//! door's lease deadline is ahead), and serves each connection; then lets the connections
+//! finish their request in progress within the grace period.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -29,11 +29,13 @@ pub(super) struct Listener {
     pub socket: Option<std::net::TcpListener>,
 }
 
-/// Accepts and serves connections until `stop`, or, for new connections, until `deadline`
-/// passes; then lets the connections finish their request in progress within `grace`. On a
-/// shared socket, what is queued is left for the next leader; an own listener (bound here,
-/// again and again while the address is taken) is closed first, and the connections the
-/// kernel completed before the close are taken and answered.
+/// Accepts and serves connections until `stop`; then lets the connections finish their request
+/// in progress within `grace`. On a shared socket it takes nothing from the queue while
+/// `deadline` has passed (the queue is the next holder's), and takes again if the deadline
+/// moves ahead (a membership renewed), and at the stop what is queued is left for the others;
+/// an own listener (bound here, again and again while the address is taken) accepts until the
+/// stop (past the deadline its requests are answered 503), is closed first, and the
+/// connections the kernel completed before the close are taken and answered.
 pub(super) async fn listen<S: Sandboxes>(
     listener: Listener,
     shared: Arc<Shared<S>>,
@@ -59,22 +61,29 @@ pub(super) async fn listen<S: Sandboxes>(
     tracing::info!(addr = %local, shared = shared_socket, "http listening");
     let closing = CancellationToken::new();
     let mut connections = JoinSet::new();
+    // Whether accepting now: always on an own listener; on the shared socket, while the
+    // deadline is ahead.
+    let mut accepting = true;
     let passed = deadline.passed();
     tokio::pin!(passed);
-    // Whether the loop ended at the stop (else at the deadline, said when it came).
-    let stopped = loop {
+    loop {
         tokio::select! {
             biased;
-            () = stop.cancelled() => break true,
-            // Before the accept: a leader resumed after its deadline takes nothing more from
-            // the shared queue, which is its successor's. (A socket of its own it keeps until
-            // the stop: nobody else can take from it, and what it accepts past the deadline is
+            () = stop.cancelled() => break,
+            // Before the accept: a host resumed after its deadline takes nothing more from the
+            // shared queue, which is its successor's. (A socket of its own it keeps until the
+            // stop: nobody else can take from it, and what it accepts past the deadline is
             // answered 503.)
-            () = &mut passed, if shared_socket => {
+            () = &mut passed, if shared_socket && accepting => {
                 tracing::warn!(addr = %local, "http accepting stopped: the lease deadline passed");
-                break false;
+                accepting = false;
             }
-            accepted = listener.accept() => match accepted {
+            () = deadline.ahead(), if !accepting => {
+                tracing::info!(addr = %local, "http accepting again: the lease was renewed");
+                accepting = true;
+                passed.set(deadline.passed());
+            }
+            accepted = listener.accept(), if accepting => match accepted {
                 Ok((stream, _)) => {
                     shared.sandboxes.ops().http_connection_accepted();
                     let _ = stream.set_nodelay(true);
@@ -88,11 +97,11 @@ pub(super) async fn listen<S: Sandboxes>(
             },
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
         }
-    };
+    }
     if shared_socket {
-        // The queue is the next leader's: this host only stops taking from it.
+        // The queue is the next holder's: this host only stops taking from it.
         drop(listener);
-        if stopped {
+        if accepting {
             tracing::info!(addr = %local, "http accepting stopped");
         }
     } else {

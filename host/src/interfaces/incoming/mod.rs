@@ -1,24 +1,31 @@
-//! Incoming HTTP (SPEC §10, "Incoming HTTP"): the host's one listener on `http-addr`,
-//! accepting only while a leadership of this host runs HTTP services (a standby does not
-//! accept), and the routes of the services it runs. It reaches the runtime only through
-//! [`Sandboxes`] (a store per request, the limits, the HTTP services loaded), which the
-//! runtime implements.
+//! Incoming HTTP (SPEC §10, "Incoming HTTP"): the host's one listener on `http-addr` (its
+//! front door, [`Door`]), open while a lease of this host's own runs, and the routes of the
+//! services it runs. It reaches the runtime only through [`Sandboxes`] (a store per request,
+//! the limits, the HTTP services loaded), which the runtime implements.
 //!
 //! - The listening socket is the machine's hosts' together (`socket`): got once, when the host
 //!   starts ([`HttpServer::share`]), from systemd or from a host holding it, or bound. Where
-//!   it cannot be shared, each leadership binds the address itself (again and again while it
-//!   is taken: a stalled former leader may still hold it).
-//! - A leadership registers each HTTP service it starts ([`HttpServer::register`]) with its
-//!   environment (lease, deadline, stop signal); the first registration starts accepting. On
-//!   the shared socket accepting stops at once when the lease deadline passes (a leader
-//!   resumed after a SIGSTOP takes nothing more from the queue; what it took is answered 503).
-//! - Stopping unregisters first ([`HttpServer::unregister`]): with the last route accepting
-//!   stops (on a shared socket what is queued waits for the next leader; an own listener
-//!   closes), open connections finish the request in progress within the grace period and are
-//!   dropped after it, then the service's calls still running end (bounded by the grace period
-//!   too); only then are the services stopped and the lease released (SPEC §5 order).
+//!   it cannot be shared, each door binds the address itself (again and again while it is
+//!   taken: a stalled former leader may still hold it).
+//! - The door ([`HttpServer::open`]) belongs to the lease the host answers under as a whole,
+//!   not to any one service: a slot's leadership under `together` placement, the host's
+//!   membership of the group under `spread` (where each service is a claim of its own, and
+//!   claims come and go while the host stays a member). On the shared socket it accepts only
+//!   while that lease's deadline is ahead: a host resumed after a SIGSTOP takes nothing more
+//!   from the queue (what it took is answered), and a member whose membership is renewed
+//!   after a loss takes again.
+//! - Each request is judged by the service it asks for ([`routes`]): its route is registered
+//!   ([`HttpServer::register`]) with the environment of the lease it runs under (deadline,
+//!   stop signal); served while that deadline is ahead, 503 with `Retry-After` past it or for
+//!   a service this host does not run, 404 for no route. Never silence: a connection accepted
+//!   is answered or closed.
+//! - Stopping closes the door first ([`Door::close`]; on a shared socket what is queued waits
+//!   for the next holder, an own listener closes), open connections finish the request in
+//!   progress within the grace period and are dropped after it; then the routes go
+//!   ([`HttpServer::unregister`]) and their calls still running end (bounded by the grace
+//!   period too); only then are the services stopped and the lease released (SPEC §5 order).
 //! - `limits`: [`IncomingLimits`]; `sandboxes`: the seam; `routes`: the routes served now;
-//!   `listen`: a leadership's listener and its connections; `serve`: one request; `body`: its
+//!   `listen`: a door's listener and its connections; `serve`: one request; `body`: its
 //!   response under the lease; `spin`: Spin's request headers.
 //!
 //! Dependencies point one way, in this order (each uses only modules before it): `limits`,
@@ -49,18 +56,37 @@ use wasmtime_wasi_http::p2::bindings::ProxyPre;
 use self::listen::{Listener, listen};
 use self::routes::{Entry, Shared};
 use crate::interfaces::env::ServiceEnv;
+use crate::lease::LeaseDeadline;
+use crate::services::FrontDoor;
 
-/// The listener while it is open: its task accepts and serves connections until `stop`.
-struct Listening {
+/// The host's front door while it is open: its listener's task accepts and serves connections
+/// until closed, while its lease's deadline is ahead (on the shared socket).
+pub(crate) struct Door {
     stop: CancellationToken,
     task: AbortOnDropHandle<()>,
+}
+
+impl Door {
+    /// Stops accepting (on the shared socket what is queued is left for the others; an own
+    /// listener closes), lets the open connections finish the request in progress within the
+    /// grace period, and drops them after it. Returns when every connection has ended.
+    pub(crate) async fn close(mut self) {
+        self.stop.cancel();
+        let _ = (&mut self.task).await;
+    }
+}
+
+#[async_trait::async_trait]
+impl FrontDoor for Door {
+    async fn close(self: Box<Self>) {
+        Door::close(*self).await;
+    }
 }
 
 /// The host's HTTP server: the routes of the HTTP services running now, and the listener;
 /// the runtime's side `S`.
 pub(crate) struct HttpServer<S: Sandboxes> {
     shared: Arc<Shared<S>>,
-    listening: Mutex<Option<Listening>>,
     /// Services whose route a new version took over, with calls maybe still running: the
     /// next [`HttpServer::unregister`] waits for them too.
     retired: Mutex<Vec<Arc<Entry<S::Data>>>>,
@@ -80,7 +106,6 @@ impl<S: Sandboxes> HttpServer<S> {
                 sandboxes,
                 routes: Mutex::default(),
             }),
-            listening: Mutex::default(),
             retired: Mutex::default(),
             socket: std::sync::OnceLock::new(),
             queue_gauge: Mutex::default(),
@@ -114,19 +139,46 @@ impl<S: Sandboxes> HttpServer<S> {
         Ok(())
     }
 
+    /// Opens the front door: accepts on `http-addr` (from the shared socket, or bound here)
+    /// and serves every connection, until closed; on the shared socket only while `deadline`
+    /// is ahead. `None` without `http-addr`.
+    pub(crate) fn open(&self, deadline: LeaseDeadline) -> Option<Door> {
+        let sandboxes = &self.shared.sandboxes;
+        let addr = sandboxes.limits().addr?;
+        let stop = CancellationToken::new();
+        let socket = match self.socket.get().map(SharedSocket::accepting) {
+            Some(Ok(socket)) => Some(socket),
+            Some(Err(e)) => {
+                tracing::error!(error = %e, "http-addr's shared socket cannot be used; binding it here");
+                None
+            }
+            None => None,
+        };
+        let task = tokio::spawn(listen(
+            Listener { addr, socket },
+            Arc::clone(&self.shared),
+            (stop.clone(), deadline),
+            sandboxes.grace_period(),
+        ));
+        Some(Door {
+            stop,
+            task: AbortOnDropHandle::new(task),
+        })
+    }
+
     /// Serves the HTTP service `env.name` (component `pre`) under `env`'s lease from now on,
-    /// on its route; opens the listener if it is the first. Without `http-addr`, says once
-    /// that it is not served.
+    /// on its route, through the door open now or next. Without `http-addr`, says once that
+    /// it is not served.
     pub(crate) fn register(&self, env: &Arc<ServiceEnv>, pre: &ProxyPre<S::Data>) {
         let sandboxes = &self.shared.sandboxes;
         let limits = sandboxes.limits();
-        let Some(addr) = limits.addr else {
+        if limits.addr.is_none() {
             tracing::warn!(
                 service = &*env.name,
                 "HTTP service not served: http-addr is off"
             );
             return;
-        };
+        }
         let name = env.name.to_string();
         let route = sandboxes.route_of(&name);
         let sharing = self.shared.sharing(&name, &route);
@@ -145,11 +197,6 @@ impl<S: Sandboxes> HttpServer<S> {
             permits: Arc::new(Semaphore::new(limits.max_concurrent as usize)),
             requests: TaskTracker::new(),
         });
-        // Both locks in this order everywhere: a route is never there without a listener.
-        let mut listening = self
-            .listening
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
         let replaced = self
             .shared
             .routes
@@ -162,54 +209,13 @@ impl<S: Sandboxes> HttpServer<S> {
                 .unwrap_or_else(PoisonError::into_inner)
                 .push(old);
         }
-        if listening.is_none() {
-            let stop = CancellationToken::new();
-            let socket = match self.socket.get().map(SharedSocket::accepting) {
-                Some(Ok(socket)) => Some(socket),
-                Some(Err(e)) => {
-                    tracing::error!(error = %e, "http-addr's shared socket cannot be used; binding it here");
-                    None
-                }
-                None => None,
-            };
-            let task = tokio::spawn(listen(
-                Listener { addr, socket },
-                Arc::clone(&self.shared),
-                (stop.clone(), env.deadline.clone()),
-                sandboxes.grace_period(),
-            ));
-            *listening = Some(Listening {
-                stop,
-                task: AbortOnDropHandle::new(task),
-            });
-        }
     }
 
-    /// Stops serving the services `names`. When they are the last, the listener closes first,
-    /// with their routes still there: the connections finish their request in progress within
-    /// the grace period, under the lease (a client it accepted gets its answer, never a 503 of
-    /// the host's). Then the routes go, and each one's calls still running end.
+    /// Stops serving the services `names`: their routes go (a request for one is answered
+    /// 503 from now on, as for a service another host runs), and each one's calls still
+    /// running end. Close the door first when these are the last services of its lease, so
+    /// that the connections finish their request in progress under it.
     pub(crate) async fn unregister(&self, names: &[String]) {
-        let closing = {
-            let mut listening = self
-                .listening
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            let routes = self
-                .shared
-                .routes
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            if routes.keys().all(|n| names.contains(n)) {
-                listening.take()
-            } else {
-                None
-            }
-        };
-        if let Some(Listening { stop, mut task }) = closing {
-            stop.cancel();
-            let _ = (&mut task).await;
-        }
         let entries: Vec<Arc<Entry<S::Data>>> = {
             let mut routes = self
                 .shared

@@ -2,11 +2,13 @@
 //! then claim free services up to the share and hand the surplus over.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Member, Phase};
+use crate::clock::Timestamp;
 use crate::keys::{ANNOUNCE_PREFIX, MEMBER_PREFIX, SERVICE_PREFIX};
-use crate::lease::attempt_patience;
+use crate::lease::{LocalLease, attempt_patience};
 
 use crate::store::{Record, Store, StoreError};
 
@@ -17,6 +19,7 @@ impl Member {
             return;
         }
         let lease = self.lease();
+        let start = self.s.clock.now();
         let insert = self
             .s
             .store
@@ -25,6 +28,7 @@ impl Member {
             // Holder values are unique: a live record under our key is ours.
             Ok(Ok(inserted)) => {
                 self.record_known = true;
+                self.membership_written(start);
                 tracing::info!(member = self.record_key, "joined");
                 if inserted.is_some() {
                     announce(&*self.s.store, self.holder(), lease).await;
@@ -32,6 +36,20 @@ impl Member {
             }
             Ok(Err(e)) => tracing::warn!(error = %e, "joining failed; will retry"),
             Err(_) => tracing::warn!("joining timed out; will retry"),
+        }
+    }
+
+    /// Our membership record was written by a write that began at `start`: its deadline moves
+    /// (and the door takes from a shared queue again); on the first join the door opens.
+    pub(super) fn membership_written(&mut self, start: Timestamp) {
+        let lease = self.lease();
+        if let Some(membership) = &mut self.membership {
+            membership.renewed(start, lease, true);
+        } else {
+            let membership = LocalLease::written(start, lease);
+            let deadline = membership.deadline(Arc::clone(&self.s.clock));
+            self.door = self.s.services.open_door(deadline);
+            self.membership = Some(membership);
         }
     }
 

@@ -67,6 +67,9 @@ impl Member {
                     tracing::warn!(attempt, error = %e, "renewal failed: every claim is lost");
                     self.last_renewal = Some(start);
                     self.record_known = false;
+                    if let Some(membership) = &self.membership {
+                        membership.pull_in(self.s.clock.now());
+                    }
                     let names: Vec<String> = self.claims.keys().cloned().collect();
                     for name in names {
                         self.lose(&name);
@@ -83,6 +86,13 @@ impl Member {
         let lease = self.lease();
         let renewed: HashMap<&str, Term> = renewed.iter().map(|(k, t)| (k.as_str(), *t)).collect();
         self.record_known = renewed.contains_key(self.record_key.as_str());
+        if self.record_known {
+            self.membership_written(start);
+        } else if let Some(membership) = &self.membership {
+            // Expired or deleted: the door takes nothing from a shared queue until we join
+            // again.
+            membership.pull_in(self.s.clock.now());
+        }
         let mut lost = Vec::new();
         for (name, claim) in &mut self.claims {
             if renewed.get(claim.key.as_str()) == Some(&claim.term) {

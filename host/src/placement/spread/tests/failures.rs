@@ -169,3 +169,30 @@ async fn a_service_whose_release_went_unanswered_is_not_claimed_again_here_at_on
     leave(a).await;
     g.check();
 }
+
+/// A membership lost (its record deleted from under the host) stops the door taking from a
+/// shared queue while the host cannot join again (its inserts fail); once it has joined again,
+/// the same door takes again.
+#[tokio::test(start_paused = true)]
+async fn a_lost_membership_pauses_the_door_until_the_host_joins_again() {
+    use crate::store::faulty::{Fault, FaultyStore, Op};
+    let g = Group::new(2);
+    let faulty = FaultyStore::new(g.store.clone(), "a", &());
+    let a = g.join_on("a", faulty.clone(), None, None);
+    tokio::time::sleep(L).await;
+    assert_eq!(g.door("a").events(), Vec::<&str>::new());
+    faulty.script(Op::Insert, [Fault::Transient; 2]);
+    assert!(g.store.compare_and_delete("member/a", "a").await.unwrap());
+    // The next renewal (within L/4) misses the record, and the join after it fails.
+    tokio::time::sleep(L / 4).await;
+    let door = g.door("a");
+    assert_eq!(door.events(), ["passed"]);
+    assert!(g.holders(MEMBER_PREFIX).await.is_empty());
+    // The next join (a renewal later) fails too; the one after lands.
+    tokio::time::sleep(L).await;
+    assert_eq!(g.holders(MEMBER_PREFIX).await, ["a"], "joined again");
+    assert_eq!(door.events(), ["passed", "ahead"]);
+    assert!(!door.deadline.has_passed());
+    leave(a).await;
+    g.check();
+}

@@ -14,8 +14,9 @@ use super::{Spread, SpreadConfig};
 use crate::clock::{Clock, TokioClock};
 use crate::keys::{MEMBER_PREFIX, SERVICE_PREFIX};
 use crate::killer::Killer;
+use crate::lease::LeaseDeadline;
 use crate::ops::Ops;
-use crate::services::{RunningServices, SeparateServices, ServiceContext, ServiceError};
+use crate::services::{FrontDoor, RunningServices, SeparateServices, ServiceContext, ServiceError};
 use crate::store::{MemStore, TtlStore};
 
 mod failures;
@@ -32,6 +33,44 @@ struct World {
     /// Broken rules, described.
     violations: Mutex<Vec<String>>,
     stops: AtomicUsize,
+    /// Every front door opened, in order.
+    doors: Mutex<Vec<Arc<DoorLog>>>,
+}
+
+/// What happened to one host's front door.
+struct DoorLog {
+    holder: String,
+    deadline: LeaseDeadline,
+    /// `passed` and `ahead` as its deadline moves, then `closed`.
+    events: Mutex<Vec<&'static str>>,
+}
+
+impl DoorLog {
+    fn events(&self) -> Vec<&'static str> {
+        self.events.lock().unwrap().clone()
+    }
+}
+
+/// A front door double: logs its deadline's moves until closed.
+struct Door {
+    log: Arc<DoorLog>,
+    world: Arc<World>,
+    _watch: tokio_util::task::AbortOnDropHandle<()>,
+}
+
+#[async_trait]
+impl FrontDoor for Door {
+    async fn close(self: Box<Self>) {
+        // Closed last: no claim of this host's runs any more.
+        let running = self.world.running.lock().unwrap().clone();
+        if running.values().flatten().any(|h| *h == self.log.holder) {
+            self.world.violate(format!(
+                "{}: door closed before its claims",
+                self.log.holder
+            ));
+        }
+        self.log.events.lock().unwrap().push("closed");
+    }
 }
 
 impl World {
@@ -70,12 +109,50 @@ struct Doubles {
     fails: Option<String>,
     /// A service whose start never ends on this host.
     hangs: Option<String>,
+    /// The host's holder value.
+    holder: String,
 }
 
 #[async_trait]
 impl SeparateServices for Doubles {
     fn names(&self) -> Vec<String> {
         self.names.clone()
+    }
+
+    fn open_door(&self, membership: LeaseDeadline) -> Option<Box<dyn FrontDoor>> {
+        let log = Arc::new(DoorLog {
+            holder: self.holder.clone(),
+            deadline: membership.clone(),
+            events: Mutex::default(),
+        });
+        if self
+            .world
+            .doors
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|d| d.holder == self.holder)
+        {
+            self.world
+                .violate(format!("{}: a second door opened", self.holder));
+        }
+        self.world.doors.lock().unwrap().push(Arc::clone(&log));
+        let watch = {
+            let log = Arc::clone(&log);
+            tokio::spawn(async move {
+                loop {
+                    log.deadline.passed().await;
+                    log.events.lock().unwrap().push("passed");
+                    log.deadline.ahead().await;
+                    log.events.lock().unwrap().push("ahead");
+                }
+            })
+        };
+        Some(Box::new(Door {
+            log,
+            world: Arc::clone(&self.world),
+            _watch: tokio_util::task::AbortOnDropHandle::new(watch),
+        }))
     }
 
     async fn start_one(
@@ -230,6 +307,7 @@ impl Group {
             world: Arc::clone(&self.world),
             fails: fails.map(str::to_owned),
             hangs: hangs.map(str::to_owned),
+            holder: holder.to_owned(),
         });
         let config = SpreadConfig {
             lease: L,
@@ -252,6 +330,13 @@ impl Group {
 
     fn check(&self) {
         assert_eq!(*self.world.violations.lock().unwrap(), Vec::<String>::new());
+    }
+
+    /// The front door of `holder`.
+    fn door(&self, holder: &str) -> Arc<DoorLog> {
+        let doors = self.world.doors.lock().unwrap();
+        let door = doors.iter().find(|d| d.holder == holder);
+        Arc::clone(door.expect("a door opened"))
     }
 
     /// The holders of the live records under `prefix`.
@@ -390,5 +475,42 @@ async fn a_crashed_hosts_services_run_elsewhere_once_its_claims_expire() {
     for h in hosts {
         leave(h).await;
     }
+    g.check();
+}
+
+/// The front door belongs to the membership, not to a claim (issue 46): it opens once, when
+/// the host joins; it stays open, its deadline ahead, while the host hands claims over and
+/// their deadlines pass; it closes when the host leaves, after its
+/// claims are released.
+#[tokio::test(start_paused = true)]
+async fn the_front_door_follows_the_membership_not_a_claim() {
+    let g = Group::new(4);
+    let a = g.join("a");
+    tokio::time::sleep(L * 2).await;
+    assert_eq!(g.world.counts(), [4]);
+    let b = g.join("b");
+    // Long enough for every handed-over claim's deadline to pass on A.
+    tokio::time::sleep(L * 3).await;
+    assert_eq!(g.world.counts(), [2, 2]);
+    let door = g.door("a");
+    assert!(!door.deadline.has_passed(), "renewed with the membership");
+    assert_eq!(door.events(), Vec::<&str>::new(), "open throughout");
+    let starts = g.world.starts.lock().unwrap().clone();
+    let handed: Vec<&ServiceContext> = starts
+        .iter()
+        .filter(|c| c.lease.holder == "a" && c.stopping.is_cancelled())
+        .collect();
+    assert_eq!(handed.len(), 2, "A handed two claims over");
+    assert!(handed.iter().all(|c| c.deadline.has_passed()));
+    leave(b).await;
+    assert_eq!(g.door("b").events().last(), Some(&"closed"));
+    tokio::time::sleep(L).await;
+    assert_eq!(g.door("a").events(), Vec::<&str>::new());
+    leave(a).await;
+    assert_eq!(
+        g.door("a").events(),
+        ["passed", "closed"],
+        "left: no more taking"
+    );
     g.check();
 }
