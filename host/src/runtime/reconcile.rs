@@ -54,14 +54,9 @@ pub(crate) async fn start(
     let stop = ctx.stopping.child_token();
     let grace = rt.config.grace_period;
     let term = ctx.lease.term;
-    let door = if only.is_none() {
-        http.open(ctx.deadline.clone())
-    } else {
-        None
-    };
     let mut reconciler = Reconciler {
         rt,
-        door,
+        door: None,
         http,
         ctx,
         stop: stop.clone(),
@@ -76,6 +71,11 @@ pub(crate) async fn start(
         .values()
         .map_while(|svc| (!stop.is_cancelled()).then(|| reconciler.start(svc)))
         .collect();
+    if reconciler.only.is_none() {
+        // Once every HTTP service of the leadership is routed: a request accepted earlier
+        // would be answered 503 for a service about to be served.
+        reconciler.door = reconciler.http.open(reconciler.ctx.deadline.clone());
+    }
     let all_started = async {
         for rx in started {
             // An error only means that service could not start: its supervisor logs why.
