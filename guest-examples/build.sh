@@ -136,6 +136,7 @@ install_python
 build_python python-ticker service
 build_python python-http http-service
 build_python fire-python wasi:cli/command test
+build_python python-hello wasi:http/proxy@0.2.12 test
 build_spin_python
 install_js
 build_js js-ticker ticker.js service

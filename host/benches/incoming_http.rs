@@ -1,6 +1,9 @@
-//! Incoming HTTP (SPEC §10): requests per second and p50/p99 latency of a hello-world
-//! `wasi:http/proxy` component (`test/http-hello`) served by `vvm-host serve` (fencing on,
-//! as always) beside `wasmtime serve` on the same component under the same load, in one run;
+//! Incoming HTTP (SPEC §10, §12): requests per second and p50/p99 latency of hello-world
+//! `wasi:http/proxy` components served by `vvm-host serve` (fencing on, as always) beside
+//! `wasmtime serve` on the same component under the same load, in one run: the Rust hello
+//! (`test/http-hello`) with a fresh instance per request and with instance reuse
+//! (`max-instance-reuse-count` 128 on both), and the Python hello (`test/python-hello`,
+//! componentize-py) with reuse and without; the counter example beside the hello, with reuse;
 //! then the time from a graceful stop (SIGTERM) of the leader, and from its freezing
 //! (SIGSTOP), to the first 200 from its successor, with the requests refused or unanswered.
 //!
@@ -55,10 +58,25 @@ fn main() {
     if which("wrk").is_none() {
         println!("wrk not found (apt-get install wrk): no load rows");
     } else {
-        load_side_by_side(dir.path(), &hello);
+        let python = dir.path().join("python-hello.wasm");
+        std::fs::copy(guests::guest("test/python-hello"), &python).expect("copy the guest");
+        for (what, component, reuse) in [
+            ("Rust hello, a fresh instance per request", &hello, None),
+            ("Rust hello, instance reuse 128", &hello, Some(128)),
+            ("Python hello, instance reuse 128", &python, Some(128)),
+            ("Python hello, a fresh instance per request", &python, None),
+        ] {
+            println!("\n## {what}");
+            if component != &hello {
+                std::fs::copy(component, &hello).expect("copy the guest");
+            }
+            load_side_by_side(dir.path(), &hello, reuse);
+        }
+        std::fs::copy(guests::guest("test/http-hello"), &hello).expect("copy the guest");
         let counter = services.join("rust-http.wasm");
         std::fs::copy(guests::guest("rust-http"), &counter).expect("copy the counter");
-        stateful_beside_stateless(dir.path());
+        stateful_beside_stateless(dir.path(), None);
+        stateful_beside_stateless(dir.path(), Some(128));
         std::fs::remove_file(counter).expect("remove the counter");
     }
     takeovers(dir.path(), Stop::Graceful, TAKEOVERS);
@@ -66,10 +84,11 @@ fn main() {
 }
 
 /// The `rust-http` example (every GET an increment in the store, group-committed) beside the
-/// stateless hello on the same host and store, in turn, and their ratio (issue 38).
-fn stateful_beside_stateless(dir: &Path) {
+/// stateless hello on the same host and store, in turn, and their ratio (issue 38); with
+/// `reuse`, every instance serves that many requests.
+fn stateful_beside_stateless(dir: &Path, reuse: Option<u32>) {
     let addr = free_addr();
-    let host = serve("stateful", dir, addr);
+    let host = serve("stateful", dir, addr, reuse);
     host.wait_for(&["http listening"]);
     let urls = [
         (
@@ -81,7 +100,14 @@ fn stateful_beside_stateless(dir: &Path) {
     for (_, url) in &urls {
         wrk(url, "3s");
     }
-    println!("\nthe counter beside the hello, wrk -t2 -c32 -d10s, {ROUNDS} rounds, in turn:\n");
+    let reused = reuse.map_or_else(
+        || "a fresh instance per request".to_owned(),
+        |n| format!("instance reuse {n}"),
+    );
+    println!(
+        "\nthe counter beside the hello, {reused}, wrk -t2 -c32 -d10s, {ROUNDS} rounds, in \
+         turn:\n"
+    );
     println!("| round | service | requests/s | p50 | p99 |");
     println!("|---|---|---|---|---|");
     let mut ratios = Vec::new();
@@ -147,22 +173,27 @@ fn wait_listening(addr: SocketAddr) {
 }
 
 /// `vvm-host serve` in `dir` with HTTP on `addr`.
-fn serve(name: &'static str, dir: &Path, addr: SocketAddr) -> Host {
+/// `vvm-host serve` in `dir` on `addr`; with `reuse`, `--max-instance-reuse-count` so.
+fn serve(name: &'static str, dir: &Path, addr: SocketAddr, reuse: Option<u32>) -> Host {
     let addr = addr.to_string();
     let cache = format!("cache-{name}");
-    let args = [
-        "serve",
-        "--store",
-        "vvm.redb",
-        "--lease",
-        "2s",
-        "--grace-period",
-        "1s",
-        "--cache-dir",
-        &cache,
-        "--http-addr",
-        &addr,
+    let mut args = vec![
+        "serve".to_owned(),
+        "--store".to_owned(),
+        "vvm.redb".to_owned(),
+        "--lease".to_owned(),
+        "2s".to_owned(),
+        "--grace-period".to_owned(),
+        "1s".to_owned(),
+        "--cache-dir".to_owned(),
+        cache,
+        "--http-addr".to_owned(),
+        addr,
     ];
+    if let Some(n) = reuse {
+        args.extend(["--max-instance-reuse-count".to_owned(), n.to_string()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     Host::start(BIN, name, dir, &args, "info")
 }
 
@@ -176,17 +207,20 @@ impl Drop for Killed {
     }
 }
 
-/// The load on vvm-host and on `wasmtime serve`, in turn, and their ratios.
-fn load_side_by_side(dir: &Path, hello: &Path) {
+/// The load on vvm-host and on `wasmtime serve`, in turn, and their ratios; with `reuse`,
+/// each instance serves that many requests on both.
+fn load_side_by_side(dir: &Path, hello: &Path, reuse: Option<u32>) {
     let vvm_addr = free_addr();
-    let host = serve("load", dir, vvm_addr);
+    let host = serve("load", dir, vvm_addr, reuse);
     host.wait_for(&["http listening"]);
     let vvm_url = format!("http://{vvm_addr}/hello/");
     let wasmtime_server = wasmtime().map(|(bin, version)| {
         let addr = free_addr();
+        let reuse = reuse.map(|n| format!("--max-instance-reuse-count={n}"));
         let child = Command::new(bin)
             // `-Scli`: the guest's std imports wasi:cli (its environment), as vvm-host links it.
             .args(["serve", "-Scli", "--addr", &addr.to_string()])
+            .args(reuse)
             .arg(hello)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -339,9 +373,9 @@ enum Stop {
 /// otherwise (a 503, or a response cut) over all the rounds.
 fn takeovers(dir: &Path, how: Stop, rounds: usize) {
     let addr = free_addr();
-    let mut leader = serve("t0", dir, addr);
+    let mut leader = serve("t0", dir, addr, None);
     leader.wait_for(&["http listening"]);
-    let mut standby = serve("t1", dir, addr);
+    let mut standby = serve("t1", dir, addr, None);
     standby.wait_for(&["campaigning"]);
     let newest = Mutex::new((0u64, Instant::now()));
     let (refused, hung, other) = (
@@ -389,7 +423,7 @@ fn takeovers(dir: &Path, how: Stop, rounds: usize) {
                 assert!(leader.wait_exit().success(), "leader exit");
             }
             let name: &'static str = Box::leak(format!("t{}", round + 2).into_boxed_str());
-            leader = std::mem::replace(&mut standby, serve(name, dir, addr));
+            leader = std::mem::replace(&mut standby, serve(name, dir, addr, None));
             standby.wait_for(&["campaigning"]);
         }
         done.store(true, Ordering::SeqCst);

@@ -14,12 +14,15 @@
 //! service  = [name, version, since]         ; running, never failed: as older records
 //!          | [name, version, since, state, restarts, reason, until_ms]
 //!          | [name, version, since, state, restarts, reason, until_ms, schedule]
+//!          | [name, version, since, state, restarts, reason, until_ms, schedule, reuse]
 //! ```
 //!
 //! `since` is Unix seconds; `state` is `running`, `backing-off` or `stopped`; `reason` (or
 //! `null`) is cut to [`MAX_REASON_CHARS`]; `until_ms` (or `null`) is when a service backing
 //! off starts again, Unix milliseconds. `schedule`, for a scheduled service, is a JSON object
-//! ([`ScheduleStatus`]): its schedule, its last fire time and outcome, and its next.
+//! ([`ScheduleStatus`]): its schedule, its last fire time and outcome, and its next (`null`
+//! for a service without one that has `reuse`). `reuse`, for an HTTP service, is its instance
+//! reuse ([`ReuseStatus`]).
 //!
 //! e.g. `myhost/4242/18a3f0c2/0\n[["ticker","3fa1c09be2d4",1795467301]]`. A holder never
 //! contains a newline ([`crate::holder::holder_value`] replaces control characters), so the first
@@ -79,6 +82,19 @@ pub struct ServiceStatus {
     pub reason: Option<String>,
     /// For a scheduled service, its schedule, last run and next fire time.
     pub schedule: Option<ScheduleStatus>,
+    /// For an HTTP service, how its instances are reused.
+    pub reuse: Option<ReuseStatus>,
+}
+
+/// How an HTTP service's instances are reused, as `status` shows it (SPEC §12).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ReuseStatus {
+    /// `max-instance-reuse-count`.
+    pub max_requests: u32,
+    /// `max-instance-concurrent-reuse-count`.
+    pub max_concurrent: u32,
+    /// `idle-instance-timeout`, milliseconds.
+    pub idle_ms: u64,
 }
 
 /// A scheduled service's schedule as `status` shows it (SPEC §11).
@@ -124,6 +140,7 @@ impl ServiceStatus {
             restarts: 0,
             reason: None,
             schedule: None,
+            reuse: None,
         }
     }
 }
@@ -152,6 +169,7 @@ fn entry(s: &ServiceStatus) -> Value {
         || s.restarts > 0
         || s.reason.is_some()
         || s.schedule.is_some()
+        || s.reuse.is_some()
     {
         let until = match s.state {
             ServiceState::BackingOff { until_ms } => Value::from(until_ms),
@@ -167,8 +185,12 @@ fn entry(s: &ServiceStatus) -> Value {
             reason,
             until,
         ]);
-        if let Some(schedule) = &s.schedule {
-            fields.push(serde_json::to_value(schedule).unwrap_or(Value::Null));
+        if s.schedule.is_some() || s.reuse.is_some() {
+            let schedule = s.schedule.as_ref().map(serde_json::to_value);
+            fields.push(schedule.and_then(Result::ok).unwrap_or(Value::Null));
+        }
+        if let Some(reuse) = &s.reuse {
+            fields.push(serde_json::to_value(reuse).unwrap_or(Value::Null));
         }
     }
     Value::Array(fields)
@@ -221,6 +243,9 @@ fn parse(fields: &[Value]) -> Option<ServiceStatus> {
         status.reason = fields.get(5).and_then(Value::as_str).map(str::to_owned);
         status.schedule = fields
             .get(7)
+            .and_then(|v| serde_json::from_value(v.clone()).ok());
+        status.reuse = fields
+            .get(8)
             .and_then(|v| serde_json::from_value(v.clone()).ok());
     }
     Some(status)
@@ -315,6 +340,23 @@ mod tests {
         let list: Vec<Vec<Value>> = serde_json::from_str(json).unwrap();
         assert_eq!(list[0].len(), 8, "{json}");
         assert_eq!(list[0][3], "running");
+    }
+
+    /// An HTTP service's reuse comes back as written, after a `null` schedule; a reader of the
+    /// eight-field form reads the rest as before.
+    #[test]
+    fn instance_reuse_round_trips_after_the_schedule() {
+        let mut s = svc("hello", 1_795_467_301);
+        s.reuse = Some(ReuseStatus {
+            max_requests: 128,
+            max_concurrent: 1,
+            idle_ms: 1000,
+        });
+        let value = encode("h/1/ff/0", std::slice::from_ref(&s));
+        assert_eq!(services(&value), vec![s.clone()]);
+        let json = value.split_once('\n').unwrap().1;
+        let list: Vec<Vec<Value>> = serde_json::from_str(json).unwrap();
+        assert_eq!((list[0].len(), &list[0][7]), (9, &Value::Null), "{json}");
     }
 
     #[test]

@@ -71,6 +71,9 @@ pub struct Request {
     pub headers: Vec<(String, String)>,
     /// The body, unchunked.
     pub body: Vec<u8>,
+    /// The connection it came on: the server's count of them (0 for the first) when it was
+    /// accepted.
+    pub connection: usize,
 }
 
 impl Request {
@@ -432,6 +435,7 @@ impl Connection {
             path: head.path,
             headers: head.headers,
             body,
+            connection: self.number,
         };
         self.shared.update(|s| s.requests.push(request));
         let b = &*self.behaviour;

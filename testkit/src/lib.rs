@@ -8,6 +8,7 @@
 //! - [`logs`]: the tracing events of the test process, captured;
 //! - [`spread`]: spread placement as the hosts' logs show it;
 //! - [`scratch`]: the directories the tests keep their files in, off the disk;
+//! - [`slowloris`]: many connections that send a request head a byte at a time, for ever;
 //! - [`fifo`]: a FIFO where a file is expected.
 //!
 //! # Why this crate never depends on vvm-host
@@ -29,6 +30,7 @@ pub mod host;
 pub mod http;
 pub mod logs;
 pub mod scratch;
+pub mod slowloris;
 pub mod spread;
 
 /// Makes a FIFO at `path`: what a test puts where the host expects a file, since opening one

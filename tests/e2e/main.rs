@@ -13,6 +13,7 @@ mod fencing;
 mod incoming_http;
 mod incoming_limits;
 mod incoming_takeover;
+mod instance_reuse;
 mod isolation;
 mod keyvalue;
 mod languages;

@@ -213,3 +213,54 @@ fn a_bad_http_grant_is_refused_at_start() {
         );
     }
 }
+
+/// Outgoing connections are kept alive (issue 52): 1 000 requests one after the other from a
+/// guest to a keep-alive server reach it on a handful of connections, each request with its
+/// own fencing token; after a takeover the new term's requests go on connections of its own,
+/// never one the old term used.
+#[test]
+fn outgoing_requests_reuse_kept_alive_connections_and_a_new_term_opens_its_own() {
+    const COUNT: usize = 1000;
+    let server = Server::start(Behaviour::default());
+    let url = format!("http://127.0.0.1:{}/bench", server.port());
+    let dir = client_dir(
+        &[
+            format!("URL={url}"),
+            "MODE=bench".into(),
+            format!("COUNT={COUNT}"),
+        ],
+        &format!("http = [\"http://127.0.0.1:{}\"]", server.port()),
+    );
+    let a = testkit::host::serve_with(BIN, "a", dir.path(), ["vvm.redb", "5s", "1s"], "info");
+    let first = server.wait_for_requests(COUNT);
+    let b = testkit::host::serve_with(BIN, "b", dir.path(), ["vvm.redb", "5s", "1s"], "info");
+    b.wait_for(&["campaigning"]);
+    let term_of = |r: &testkit::http::Request| r.header("vvm-fencing-token").map(str::to_owned);
+    let connections: std::collections::BTreeSet<usize> =
+        first.iter().map(|r| r.connection).collect();
+    eprintln!(
+        "{COUNT} requests on {} connections: {connections:?}",
+        connections.len()
+    );
+    assert!(connections.len() <= 4, "{connections:?}");
+    assert!(first.iter().all(|r| term_of(r).as_deref() == Some("1")));
+    stop(a);
+    let all = server.wait_for_requests(2 * COUNT);
+    let second: Vec<_> = all
+        .iter()
+        .filter(|r| term_of(r).as_deref() == Some("2"))
+        .collect();
+    assert_eq!(second.len(), COUNT, "term 2 ran its requests");
+    let reused: Vec<usize> = second
+        .iter()
+        .map(|r| r.connection)
+        .filter(|c| connections.contains(c))
+        .collect();
+    assert!(
+        reused.is_empty(),
+        "term 2 sent on term 1's connections {reused:?}"
+    );
+    let theirs: std::collections::BTreeSet<usize> = second.iter().map(|r| r.connection).collect();
+    assert!(theirs.len() <= 4, "{theirs:?}");
+    stop(b);
+}

@@ -133,9 +133,21 @@ impl Answers {
 /// bound: every request timed out until it resumed.
 #[test]
 fn a_stopped_leader_keeps_nothing_from_its_successor() {
+    stopped_leader_keeps_nothing("");
+}
+
+/// The same with instance reuse (issue 47): the resumed leader's pooled instances, dropped
+/// at its deadline, serve nothing.
+#[test]
+fn with_instance_reuse_a_stopped_leader_answers_nothing_from_its_pooled_instances() {
+    stopped_leader_keeps_nothing("[service.hello]\nmax-instance-reuse-count = 128\n");
+}
+
+/// The scenario above, with `toml` as `vvm.toml`.
+fn stopped_leader_keeps_nothing(toml: &str) {
     let _heavy = crate::one_heavy_test_at_a_time();
     let addr = free_addr();
-    let dir = hello_dir(&["hello"], "");
+    let dir = hello_dir(&["hello"], toml);
     let lease = format!("{}s", LEASE.as_secs());
     let a = serve_with("a", dir.path(), addr, &["--lease", &lease]);
     a.wait_for(&["http listening"]);

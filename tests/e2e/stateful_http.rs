@@ -107,12 +107,25 @@ fn wait_for_counts(answers: &Answers, term: u64, from: usize, more: usize) {
 /// the dying leader had in hand), and the stored count at the end is the highest answered.
 #[test]
 fn a_stateful_http_service_answers_every_request_and_no_count_twice_across_a_crash() {
+    counts_across_a_crash("");
+}
+
+/// The same with instance reuse (issue 47): a reused instance's key-value writes are fenced
+/// and group-committed as a fresh one's, so no count is answered twice either.
+#[test]
+fn with_instance_reuse_no_count_is_answered_twice_across_a_crash() {
+    counts_across_a_crash("[service.rust-http]\nmax-instance-reuse-count = 128\n");
+}
+
+/// The scenario above, with `toml` as `vvm.toml`.
+fn counts_across_a_crash(toml: &str) {
     let _heavy = crate::one_heavy_test_at_a_time();
     let addr = free_addr();
     let dir = testkit::scratch::scratch_dir();
     let services = dir.path().join("services");
     std::fs::create_dir(&services).unwrap();
     std::fs::copy(guests::guest("rust-http"), services.join("rust-http.wasm")).unwrap();
+    std::fs::write(dir.path().join("vvm.toml"), toml).unwrap();
     let start =
         |name: &'static str| -> Host { serve_with(name, dir.path(), addr, &["--lease", "2s"]) };
     let a = start("a");

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::config::{self, ConfigError, EtcdFileConfig, FileConfig, Settings};
+use crate::config::{self, ConfigError, EtcdFileConfig, FileConfig, IncomingHttpConfig, Settings};
 use crate::log_output::{Stderr, one_line};
 pub use kv::KvCommand;
 pub use new::{Kind, Lang, NewArgs, NewError};
@@ -47,6 +47,8 @@ pub enum LogFormat {
 
 /// The subcommands.
 #[derive(Debug, Subcommand)]
+// Parsed once per process: the size of `serve`'s flags costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// Serve the services directory while holding a slot; stand by otherwise.
     #[command(after_help = SERVE_EXAMPLES)]
@@ -235,6 +237,38 @@ pub struct ServeArgs {
     #[arg(long, env = "VVM_RESTART_BACKOFF_MAX", value_parser = config::parse_duration, allow_hyphen_values = true,
         help = format!("The longest wait between restarts of a failing service; each failure in a row doubles the wait from 100ms up to this [default: {}]", show(config::DEFAULT_RESTART_BACKOFF_MAX)))]
     pub restart_backoff_max: Option<Duration>,
+    /// The most connections open on http-addr at once; at the cap the one that has waited
+    /// longest for a request head is closed for a new one [default: half the open file limit
+    /// the host does not keep, at most 10000].
+    #[arg(long, env = "VVM_MAX_CONNECTIONS", value_name = "N")]
+    pub max_connections: Option<u32>,
+    /// The longest a connection may take to send a whole request head [default:
+    /// [`crate::interfaces::IncomingLimits`]'s].
+    #[arg(long, env = "VVM_HEADER_TIMEOUT", value_parser = config::parse_duration, allow_hyphen_values = true,
+        help = format!("The longest a connection may take to send a whole request head [default: {}]", show(crate::interfaces::IncomingLimits::default().header_timeout)))]
+    pub header_timeout: Option<Duration>,
+    /// The longest a connection may stay idle between two requests [default:
+    /// [`crate::interfaces::IncomingLimits`]'s].
+    #[arg(long, env = "VVM_KEEP_ALIVE_TIMEOUT", value_parser = config::parse_duration, allow_hyphen_values = true,
+        help = format!("The longest a connection may stay idle between two requests [default: {}]", show(crate::interfaces::IncomingLimits::default().keep_alive_timeout)))]
+    pub keep_alive_timeout: Option<Duration>,
+    /// How many requests one instance of an HTTP service serves before it is dropped, but
+    /// where its [service.NAME] sets its own [default: 1 for a WASI 0.2 component, 128 for a
+    /// WASI 0.3 one].
+    #[arg(long, env = "VVM_MAX_INSTANCE_REUSE_COUNT", value_name = "N")]
+    pub max_instance_reuse_count: Option<u32>,
+    /// How many requests one instance of an HTTP service serves at once (more than 1 only for
+    /// a WASI 0.3 component) [default: 1; 16 for a WASI 0.3 component].
+    #[arg(
+        long,
+        env = "VVM_MAX_INSTANCE_CONCURRENT_REUSE_COUNT",
+        value_name = "N"
+    )]
+    pub max_instance_concurrent_reuse_count: Option<u32>,
+    /// How long an instance of an HTTP service waits idle for its next request before it is
+    /// dropped [default: 1s].
+    #[arg(long, env = "VVM_IDLE_INSTANCE_TIMEOUT", value_parser = config::parse_duration, allow_hyphen_values = true)]
+    pub idle_instance_timeout: Option<Duration>,
 }
 
 impl StoreArgs {
@@ -283,6 +317,15 @@ impl ServeArgs {
             lock_dir: self.lock_dir.clone(),
             placement: self.placement,
             restart_backoff_max: self.restart_backoff_max,
+            incoming_http: Some(IncomingHttpConfig {
+                max_connections: self.max_connections,
+                header_timeout: self.header_timeout,
+                keep_alive_timeout: self.keep_alive_timeout,
+                max_instance_reuse_count: self.max_instance_reuse_count,
+                max_instance_concurrent_reuse_count: self.max_instance_concurrent_reuse_count,
+                idle_instance_timeout: self.idle_instance_timeout,
+                ..IncomingHttpConfig::default()
+            }),
             ..self.store.layer()
         };
         Settings::resolve(flags, self.store.config.as_deref())

@@ -15,10 +15,11 @@ use crate::store::{self, Record};
 /// their state (running, backing off until when, stopped), restarts and last reason. A table,
 /// or with `json` one JSON object (`{"slots": [{"slot", "holder", "term", "time_left_ms",
 /// "services": [{"name", "version", "since", "state", "restarts", "reason",
-/// "backing_off_until", "schedule"}]}]}`, `since` in Unix seconds, `backing_off_until` in Unix
-/// milliseconds or `null`, `null`s for a free slot; `schedule`, for a scheduled service,
-/// `{"schedule", "timezone", "last": {"fire", "outcome", "error", "duration_ms", "term"},
-/// "next"}` with fire times in Unix seconds, else `null`). The services are those the leader wrote
+/// "backing_off_until", "schedule", "reuse"}]}]}`, `since` in Unix seconds,
+/// `backing_off_until` in Unix milliseconds or `null`, `null`s for a free slot; `schedule`,
+/// for a scheduled service, `{"schedule", "timezone", "last": {"fire", "outcome", "error",
+/// "duration_ms", "term"}, "next"}` with fire times in Unix seconds, else `null`; `reuse`,
+/// for an HTTP service, `{"max_requests", "max_concurrent", "idle_ms"}`, else `null`). The services are those the leader wrote
 /// with its last renewal ([`crate::lease_value`]). Under spread placement (or whenever there
 /// are any), the members and each service's claim instead (JSON: `"members": [{"holder",
 /// "time_left_ms"}]`, `"claims": [{"service", "holder", "term", "time_left_ms"}]`, always
@@ -183,7 +184,7 @@ fn service_json(s: &ServiceStatus) -> serde_json::Value {
     serde_json::json!({
         "name": s.name, "version": s.version, "since": s.since,
         "state": s.state.name(), "restarts": s.restarts, "reason": s.reason,
-        "backing_off_until": until, "schedule": s.schedule,
+        "backing_off_until": until, "schedule": s.schedule, "reuse": s.reuse,
     })
 }
 
@@ -213,6 +214,13 @@ fn print_service(out: &mut impl Write, s: &ServiceStatus) -> std::io::Result<()>
     }
     if let Some(schedule) = &s.schedule {
         print_schedule(out, schedule)?;
+    }
+    if let Some(reuse) = &s.reuse {
+        writeln!(
+            out,
+            "{:<6}     instances: {} requests each, {} at once, idle {} ms",
+            "", reuse.max_requests, reuse.max_concurrent, reuse.idle_ms
+        )?;
     }
     Ok(())
 }

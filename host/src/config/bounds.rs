@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use super::error::ConfigError;
 use super::route::Route;
-use super::service::{GrantConfig, IncomingHttpConfig, KvLimitsConfig, OutgoingHttpConfig};
+use super::service::{
+    GrantConfig, IncomingHttpConfig, InstanceReuseConfig, KvLimitsConfig, OutgoingHttpConfig,
+};
 
 /// The wait before a failed service's first restart; each failure in a row doubles it.
 pub const RESTART_BACKOFF_INITIAL: Duration = Duration::from_millis(100);
@@ -57,7 +59,10 @@ pub const MAX_OUTGOING_TIMEOUT: Duration = Duration::from_hours(1);
 
 /// The most requests one HTTP service may be served at once.
 pub const MAX_INCOMING_CONCURRENT: u32 = 100_000;
-/// The shortest incoming request timeout.
+/// The most connections `max-connections` may allow (the open file limit bounds it too, at
+/// start).
+pub const MAX_CONNECTIONS: u32 = 1_000_000;
+/// The shortest incoming request timeout (and header and keep-alive timeout).
 pub const MIN_INCOMING_TIMEOUT: Duration = Duration::from_millis(1);
 /// The longest incoming request timeout: a request still running after an hour holds a
 /// store and a slot of its service's concurrency for nothing.
@@ -195,6 +200,11 @@ pub(super) fn check_services(grants: &BTreeMap<String, GrantConfig>) -> Result<(
             &format!("service {name}: "),
             &grant.outgoing_http,
         )?;
+        check_instance_reuse(
+            "service.*",
+            &format!("service {name}: "),
+            grant.instance_reuse(),
+        )?;
         for bucket in &grant.kv_buckets {
             check_bucket_name(bucket).map_err(|reason| ConfigError::Invalid {
                 name: "service.*.kv-buckets",
@@ -307,10 +317,18 @@ pub(super) fn check_outgoing_http(
             "max-concurrent = {n} is out of range 1..={MAX_OUTGOING_CONCURRENT}"
         ));
     }
+    if let Some(n) = limits.pool_max_idle_per_origin
+        && n > MAX_OUTGOING_CONCURRENT
+    {
+        return invalid(format!(
+            "pool-max-idle-per-origin = {n} is out of range 0..={MAX_OUTGOING_CONCURRENT}"
+        ));
+    }
     let timeouts = [
         ("connect-timeout", limits.connect_timeout),
         ("first-byte-timeout", limits.first_byte_timeout),
         ("between-bytes-timeout", limits.between_bytes_timeout),
+        ("pool-idle-timeout", limits.pool_idle_timeout),
     ];
     for (key, value) in timeouts {
         if let Some(d) = value
@@ -323,6 +341,57 @@ pub(super) fn check_outgoing_http(
                 show(MAX_OUTGOING_TIMEOUT)
             ));
         }
+    }
+    Ok(())
+}
+
+/// The most requests `max-instance-reuse-count` lets one instance serve in its life.
+pub const MAX_INSTANCE_REUSE: u32 = 1_000_000;
+/// The most requests `max-instance-concurrent-reuse-count` lets one instance serve at once.
+pub const MAX_INSTANCE_CONCURRENT_REUSE: u32 = 1000;
+
+/// Checks instance reuse settings (of `setting`, `whose`: a service's, or none).
+///
+/// # Errors
+/// Naming the key, the value and its bounds.
+pub(super) fn check_instance_reuse(
+    setting: &'static str,
+    whose: &str,
+    reuse: InstanceReuseConfig,
+) -> Result<(), ConfigError> {
+    let invalid = |reason: String| {
+        Err(ConfigError::Invalid {
+            name: setting,
+            reason: format!("{whose}{reason}"),
+        })
+    };
+    for (key, value, most) in [
+        (
+            "max-instance-reuse-count",
+            reuse.max_instance_reuse_count,
+            MAX_INSTANCE_REUSE,
+        ),
+        (
+            "max-instance-concurrent-reuse-count",
+            reuse.max_instance_concurrent_reuse_count,
+            MAX_INSTANCE_CONCURRENT_REUSE,
+        ),
+    ] {
+        if let Some(n) = value
+            && !(1..=most).contains(&n)
+        {
+            return invalid(format!("{key} = {n} is out of range 1..={most}"));
+        }
+    }
+    if let Some(d) = reuse.idle_instance_timeout
+        && !(MIN_INCOMING_TIMEOUT..=MAX_INCOMING_TIMEOUT).contains(&d)
+    {
+        return invalid(format!(
+            "idle-instance-timeout = {} is out of range {}..={}",
+            show(d),
+            show(MIN_INCOMING_TIMEOUT),
+            show(MAX_INCOMING_TIMEOUT)
+        ));
     }
     Ok(())
 }
@@ -345,8 +414,17 @@ pub(super) fn check_incoming_http(limits: &IncomingHttpConfig) -> Result<(), Con
             "max-concurrent = {n} is out of range 1..={MAX_INCOMING_CONCURRENT}"
         ));
     }
+    if let Some(n) = limits.max_connections
+        && !(1..=MAX_CONNECTIONS).contains(&n)
+    {
+        return invalid(format!(
+            "max-connections = {n} is out of range 1..={MAX_CONNECTIONS}"
+        ));
+    }
     for (key, value) in [
         ("request-timeout", limits.request_timeout),
+        ("header-timeout", limits.header_timeout),
+        ("keep-alive-timeout", limits.keep_alive_timeout),
         ("idle-timeout", limits.idle_timeout),
     ] {
         if let Some(d) = value

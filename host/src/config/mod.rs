@@ -22,11 +22,11 @@ mod schedule;
 mod service;
 
 pub use bounds::{
-    Bounded, MAX_ACQUISITION_TIMEOUT, MAX_CLUSTER_SIZE, MAX_GRACE_PERIOD, MAX_HANDLE_LIMIT,
-    MAX_INCOMING_CONCURRENT, MAX_INCOMING_TIMEOUT, MAX_LEASE, MAX_MEMORY_LIMIT_MIB,
-    MAX_OUTGOING_CONCURRENT, MAX_OUTGOING_TIMEOUT, MAX_RESTART_BACKOFF_MAX, MIN_HANDLE_LIMIT,
-    MIN_INCOMING_TIMEOUT, MIN_LEASE, MIN_OUTGOING_TIMEOUT, RESTART_BACKOFF_INITIAL,
-    check_bucket_name, validate,
+    Bounded, MAX_ACQUISITION_TIMEOUT, MAX_CLUSTER_SIZE, MAX_CONNECTIONS, MAX_GRACE_PERIOD,
+    MAX_HANDLE_LIMIT, MAX_INCOMING_CONCURRENT, MAX_INCOMING_TIMEOUT, MAX_LEASE,
+    MAX_MEMORY_LIMIT_MIB, MAX_OUTGOING_CONCURRENT, MAX_OUTGOING_TIMEOUT, MAX_RESTART_BACKOFF_MAX,
+    MIN_HANDLE_LIMIT, MIN_INCOMING_TIMEOUT, MIN_LEASE, MIN_OUTGOING_TIMEOUT,
+    RESTART_BACKOFF_INITIAL, check_bucket_name, validate,
 };
 pub use error::ConfigError;
 use parse::{opt_addr, opt_duration, opt_http_addr};
@@ -36,13 +36,14 @@ pub use schedule::{
     MAX_RUN_TIMEOUT, MAX_STARTING_DEADLINE, MIN_STARTING_DEADLINE, ScheduleSettings,
 };
 pub use service::{
-    ConfigValue, GrantConfig, HAND_OVER_MEMORY, IncomingHttpConfig, KvLimitsConfig, OnFailure,
-    OutgoingHttpConfig,
+    ConfigValue, GrantConfig, HAND_OVER_MEMORY, IncomingHttpConfig, InstanceReuseConfig,
+    KvLimitsConfig, OnFailure, OutgoingHttpConfig,
 };
 
 use crate::fs::{MAX_SETTINGS_FILE_BYTES, read_file};
 use bounds::{
-    check_incoming_http, check_kv_limits, check_outgoing_http, check_services, check_store,
+    check_incoming_http, check_instance_reuse, check_kv_limits, check_outgoing_http,
+    check_services, check_store,
 };
 
 /// The configuration file read when `--config` is not given and the file exists.
@@ -98,7 +99,8 @@ pub struct FileConfig {
     pub kv: Option<KvLimitsConfig>,
     /// `[outgoing-http]`: every service's outgoing HTTP limits, unless its own table sets one.
     pub outgoing_http: Option<OutgoingHttpConfig>,
-    /// `[incoming-http]`: limits on the requests served to HTTP services.
+    /// `[incoming-http]`: limits on the connections and requests served to HTTP services
+    /// (`max-connections`, `header-timeout` and `keep-alive-timeout` are flags too).
     pub incoming_http: Option<IncomingHttpConfig>,
     /// Per-service grants, keyed by service name (the `.wasm` file stem).
     #[serde(default)]
@@ -359,7 +361,10 @@ impl Settings {
             services,
             kv: file.kv.unwrap_or_default(),
             outgoing_http: file.outgoing_http.unwrap_or_default(),
-            incoming_http: file.incoming_http.unwrap_or_default(),
+            incoming_http: flags
+                .incoming_http
+                .unwrap_or_default()
+                .over(file.incoming_http.unwrap_or_default()),
             grants: file.service,
         };
         validate(&Bounded {
@@ -374,6 +379,7 @@ impl Settings {
         check_kv_limits("kv", "", &settings.kv)?;
         check_outgoing_http("outgoing-http", "", &settings.outgoing_http)?;
         check_incoming_http(&settings.incoming_http)?;
+        check_instance_reuse("incoming-http", "", settings.incoming_http.instance_reuse())?;
         check_services(&settings.grants)?;
         Ok(settings)
     }

@@ -81,6 +81,58 @@ pub struct GrantConfig {
     /// `retry-cut-runs`: whether a run cut by a lost lease is started again by the next
     /// leader; `false` when absent.
     pub retry_cut_runs: Option<bool>,
+    /// How many requests one instance of this HTTP service serves before it is dropped
+    /// (`max-instance-reuse-count`); the host-wide one when absent.
+    pub max_instance_reuse_count: Option<u32>,
+    /// How many requests one instance of this HTTP service serves at once
+    /// (`max-instance-concurrent-reuse-count`; more than 1 only for a WASI 0.3 component).
+    pub max_instance_concurrent_reuse_count: Option<u32>,
+    /// How long an instance of this HTTP service waits idle for its next request
+    /// (`idle-instance-timeout`).
+    #[serde(default, with = "opt_duration")]
+    pub idle_instance_timeout: Option<Duration>,
+}
+
+impl GrantConfig {
+    /// Its instance reuse settings, as the file sets them.
+    #[must_use]
+    pub fn instance_reuse(&self) -> InstanceReuseConfig {
+        InstanceReuseConfig {
+            max_instance_reuse_count: self.max_instance_reuse_count,
+            max_instance_concurrent_reuse_count: self.max_instance_concurrent_reuse_count,
+            idle_instance_timeout: self.idle_instance_timeout,
+        }
+    }
+}
+
+/// How many requests an HTTP service's instance serves, in its life and at once, and how long
+/// it waits idle (SPEC §12), as `[service.NAME]` or the host-wide settings set them; a key
+/// left out is the next layer's, then the default of the component's WASI generation
+/// (`interfaces::InstanceReuse`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InstanceReuseConfig {
+    /// `max-instance-reuse-count`.
+    pub max_instance_reuse_count: Option<u32>,
+    /// `max-instance-concurrent-reuse-count`.
+    pub max_instance_concurrent_reuse_count: Option<u32>,
+    /// `idle-instance-timeout`.
+    pub idle_instance_timeout: Option<Duration>,
+}
+
+impl InstanceReuseConfig {
+    /// These settings, each falling back to `lower`'s where this one has none.
+    #[must_use]
+    pub fn over(self, lower: Self) -> Self {
+        Self {
+            max_instance_reuse_count: self
+                .max_instance_reuse_count
+                .or(lower.max_instance_reuse_count),
+            max_instance_concurrent_reuse_count: self
+                .max_instance_concurrent_reuse_count
+                .or(lower.max_instance_concurrent_reuse_count),
+            idle_instance_timeout: self.idle_instance_timeout.or(lower.idle_instance_timeout),
+        }
+    }
 }
 
 /// `[incoming-http]`: limits on the requests the host serves to HTTP services on `http-addr`
@@ -98,10 +150,64 @@ pub struct IncomingHttpConfig {
     pub max_body_bytes: Option<u64>,
     /// The largest request head (request line and headers); a larger one is refused (431).
     pub max_header_bytes: Option<u64>,
-    /// The longest a connection may wait for a request's head: idle between two requests
-    /// (keep-alive), or a head sent slowly; then it is closed.
+    /// The most connections open on `http-addr` at once (`max-connections`); at the cap the
+    /// host closes the one that has waited longest for a request head to take a new one, or
+    /// stops accepting while none waits. Default: well under the open file limit.
+    pub max_connections: Option<u32>,
+    /// The longest a connection may take to send a whole request head (`header-timeout`),
+    /// from its accept or from the first byte of a later request's head; then it is closed.
+    #[serde(default, with = "opt_duration")]
+    pub header_timeout: Option<Duration>,
+    /// The longest a connection may stay idle between two requests (`keep-alive-timeout`);
+    /// then it is closed.
+    #[serde(default, with = "opt_duration")]
+    pub keep_alive_timeout: Option<Duration>,
+    /// The former name of `header-timeout` and `keep-alive-timeout` together: each of them
+    /// left out takes this.
     #[serde(default, with = "opt_duration")]
     pub idle_timeout: Option<Duration>,
+    /// Every HTTP service's `max-instance-reuse-count`, but where its table sets one.
+    pub max_instance_reuse_count: Option<u32>,
+    /// Every HTTP service's `max-instance-concurrent-reuse-count`, but where its table sets
+    /// one.
+    pub max_instance_concurrent_reuse_count: Option<u32>,
+    /// Every HTTP service's `idle-instance-timeout`, but where its table sets one.
+    #[serde(default, with = "opt_duration")]
+    pub idle_instance_timeout: Option<Duration>,
+}
+
+impl IncomingHttpConfig {
+    /// These limits, each falling back to `lower`'s where this one has none.
+    #[must_use]
+    pub fn over(self, lower: Self) -> Self {
+        Self {
+            max_concurrent: self.max_concurrent.or(lower.max_concurrent),
+            request_timeout: self.request_timeout.or(lower.request_timeout),
+            max_body_bytes: self.max_body_bytes.or(lower.max_body_bytes),
+            max_header_bytes: self.max_header_bytes.or(lower.max_header_bytes),
+            max_connections: self.max_connections.or(lower.max_connections),
+            header_timeout: self.header_timeout.or(lower.header_timeout),
+            keep_alive_timeout: self.keep_alive_timeout.or(lower.keep_alive_timeout),
+            idle_timeout: self.idle_timeout.or(lower.idle_timeout),
+            max_instance_reuse_count: self
+                .max_instance_reuse_count
+                .or(lower.max_instance_reuse_count),
+            max_instance_concurrent_reuse_count: self
+                .max_instance_concurrent_reuse_count
+                .or(lower.max_instance_concurrent_reuse_count),
+            idle_instance_timeout: self.idle_instance_timeout.or(lower.idle_instance_timeout),
+        }
+    }
+
+    /// The host-wide instance reuse settings.
+    #[must_use]
+    pub fn instance_reuse(&self) -> InstanceReuseConfig {
+        InstanceReuseConfig {
+            max_instance_reuse_count: self.max_instance_reuse_count,
+            max_instance_concurrent_reuse_count: self.max_instance_concurrent_reuse_count,
+            idle_instance_timeout: self.idle_instance_timeout,
+        }
+    }
 }
 
 /// `[outgoing-http]` (host-wide) and `[service.NAME.outgoing-http]`: limits on a service's
@@ -121,6 +227,13 @@ pub struct OutgoingHttpConfig {
     /// The longest wait between two pieces of the response body.
     #[serde(default, with = "opt_duration")]
     pub between_bytes_timeout: Option<Duration>,
+    /// The most idle keep-alive connections kept per origin (`pool-max-idle-per-origin`); 0
+    /// opens a connection per request.
+    pub pool_max_idle_per_origin: Option<u32>,
+    /// How long an idle keep-alive connection waits for its next request
+    /// (`pool-idle-timeout`).
+    #[serde(default, with = "opt_duration")]
+    pub pool_idle_timeout: Option<Duration>,
 }
 
 impl OutgoingHttpConfig {
@@ -132,6 +245,10 @@ impl OutgoingHttpConfig {
             connect_timeout: self.connect_timeout.or(lower.connect_timeout),
             first_byte_timeout: self.first_byte_timeout.or(lower.first_byte_timeout),
             between_bytes_timeout: self.between_bytes_timeout.or(lower.between_bytes_timeout),
+            pool_max_idle_per_origin: self
+                .pool_max_idle_per_origin
+                .or(lower.pool_max_idle_per_origin),
+            pool_idle_timeout: self.pool_idle_timeout.or(lower.pool_idle_timeout),
         }
     }
 }

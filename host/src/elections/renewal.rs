@@ -69,6 +69,8 @@ impl Elections {
                 () = r.stop.cancelled() => return,
                 () = sleep(until_next) => {}
             }
+            let late = self.clock.now().since_boot.saturating_sub(next.since_boot);
+            self.ops.renewal_late(late);
             let mut attempt = 1;
             loop {
                 let cas_start = self.clock.now();

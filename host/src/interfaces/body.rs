@@ -31,6 +31,9 @@ pub(crate) trait BodyEnds: Unpin {
     /// A frame went through.
     fn framed(&mut self) {}
 
+    /// The body ended whole, in time.
+    fn finished(&mut self) {}
+
     /// Polled while the body waits for its next frame: registers the wake-ups of the other
     /// ends, and is ready with the error once one of them has come.
     fn poll_ended(&mut self, _cx: &mut Context<'_>) -> Poll<Self::Error> {
@@ -85,7 +88,13 @@ where
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             // The end, or a frame, may have come with a cut: checked again.
-            Poll::Ready(None) => Poll::Ready(this.check().map(Err)),
+            Poll::Ready(None) => {
+                if let Some(e) = this.check() {
+                    return Poll::Ready(Some(Err(e)));
+                }
+                this.ends.finished();
+                Poll::Ready(None)
+            }
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(e) = this.check() {
                     return Poll::Ready(Some(Err(e)));

@@ -6,10 +6,10 @@
 
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::keyvalue::access::WriteBudget;
+use super::outgoing::OutgoingShared;
 use crate::lease::LeaseDeadline;
 use crate::ops::Ops;
 use crate::problem::ProblemReporter;
@@ -35,8 +35,9 @@ pub(crate) struct ServiceEnv {
     /// The key-value writes the service may still make now (a token bucket refilled at its
     /// rate, if it has one), shared by its instances.
     pub kv_budget: Mutex<WriteBudget>,
-    /// Its outgoing HTTP requests in flight, shared by its instances.
-    pub http_in_flight: Arc<Semaphore>,
+    /// Its outgoing HTTP requests in flight and kept-alive connections, shared by its
+    /// instances.
+    pub outgoing: Arc<OutgoingShared>,
 }
 
 /// A guest effect refused because the local lease deadline has passed: another host may
@@ -110,7 +111,7 @@ pub(crate) mod tests {
             store: Arc::new(store),
             ops: Ops::new(Arc::new(clock.clone())),
             kv_budget: Mutex::new(WriteBudget::full(&KvLimits::default())),
-            http_in_flight: Arc::new(Semaphore::new(1)),
+            outgoing: OutgoingShared::new(&crate::interfaces::HttpPolicy::default()),
         };
         (clock, Arc::new(env))
     }

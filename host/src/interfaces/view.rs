@@ -51,7 +51,7 @@ impl Interfaces {
                 env.deadline.clone(),
                 env.ops.clone(),
                 http,
-                Arc::clone(&env.http_in_flight),
+                Arc::clone(&env.outgoing),
             ),
             http_ctx: WasiHttpCtx::new(),
         }

@@ -1,8 +1,13 @@
 //! The metrics of the requests served to HTTP services (SPEC §8, §10):
 //! `vvm_http_incoming_requests_total{service,class}`, `vvm_http_incoming_in_flight{service}`
 //! and `vvm_http_incoming_request_duration_seconds{service}` (until the response head); and
-//! of `http-addr`'s socket: `vvm_http_incoming_connections_total` (accepted by this host)
-//! and `vvm_http_listen_queue` (waiting in the machine's shared queue).
+//! of `http-addr`'s socket: `vvm_http_incoming_connections_total` (accepted by this host),
+//! `vvm_http_connections_open`, `vvm_http_connections_closed_total{reason}` (closed by a
+//! limit: `header-timeout`, `keep-alive-timeout`, `max-connections`) and
+//! `vvm_http_listen_queue` (waiting in the machine's shared queue); and of the instances that
+//! serve them: `vvm_http_instances_created_total{service}`,
+//! `vvm_http_instance_reuses_total{service}` (requests served by an instance kept from an
+//! earlier one) and `vvm_http_instance_requests{service}` (how many each served in its life).
 
 use std::time::Duration;
 
@@ -10,6 +15,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use super::outgoing::{DurationFamily, ServiceLabels, duration_histogram};
@@ -17,6 +23,14 @@ use super::outgoing::{DurationFamily, ServiceLabels, duration_histogram};
 /// Each class a served request is counted in: its response's status class, or `aborted`
 /// (the connection was cut before a response head: the lease deadline passed).
 const CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "aborted"];
+
+/// Each limit by which the host closes a connection.
+const LIMITS: [&str; 3] = ["header-timeout", "keep-alive-timeout", "max-connections"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClosedLabels {
+    reason: &'static str,
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
@@ -31,6 +45,11 @@ pub(super) struct IncomingMetrics {
     in_flight: Family<ServiceLabels, Gauge>,
     duration: DurationFamily,
     connections: Counter,
+    created: Family<ServiceLabels, Counter>,
+    reused: Family<ServiceLabels, Counter>,
+    served: Family<ServiceLabels, Histogram, fn() -> Histogram>,
+    open: Gauge,
+    closed: Family<ClosedLabels, Counter>,
     queue: Gauge,
 }
 
@@ -41,8 +60,42 @@ impl IncomingMetrics {
             in_flight: Family::default(),
             duration: Family::new_with_constructor(duration_histogram),
             connections: Counter::default(),
+            created: Family::default(),
+            reused: Family::default(),
+            served: Family::new_with_constructor(requests_histogram),
+            open: Gauge::default(),
+            closed: Family::default(),
             queue: Gauge::default(),
         };
+        for reason in LIMITS {
+            drop(metrics.closed.get_or_create(&ClosedLabels { reason }));
+        }
+        registry.register(
+            "vvm_http_instances_created",
+            "Instances of an HTTP service made to serve requests",
+            metrics.created.clone(),
+        );
+        registry.register(
+            "vvm_http_instance_reuses",
+            "Requests of an HTTP service served by an instance kept from an earlier request",
+            metrics.reused.clone(),
+        );
+        registry.register(
+            "vvm_http_instance_requests",
+            "How many requests each instance of an HTTP service served in its life",
+            metrics.served.clone(),
+        );
+        registry.register(
+            "vvm_http_connections_open",
+            "Connections open on http-addr now (at most max-connections)",
+            metrics.open.clone(),
+        );
+        registry.register(
+            "vvm_http_connections_closed",
+            "Connections the host closed by a limit: header-timeout, keep-alive-timeout, or \
+             max-connections (at the cap, the one waiting longest for a head makes room)",
+            metrics.closed.clone(),
+        );
         registry.register(
             "vvm_http_incoming_connections",
             "Connections this host accepted on http-addr (only a leader accepts)",
@@ -93,6 +146,31 @@ impl IncomingMetrics {
         self.connections.inc();
     }
 
+    /// A request of `service` was served by an instance `reused`, or a new one.
+    pub fn instance(&self, service: &str, reused: bool) {
+        let family = if reused { &self.reused } else { &self.created };
+        family.get_or_create(&ServiceLabels::of(service)).inc();
+    }
+
+    /// An instance of `service` that served `requests` was dropped.
+    pub fn instance_retired(&self, service: &str, requests: u32) {
+        self.served
+            .get_or_create(&ServiceLabels::of(service))
+            .observe(f64::from(requests));
+    }
+
+    /// `n` connections are open.
+    pub fn connections_open(&self, n: usize) {
+        self.open.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// A connection was closed by `limit`.
+    pub fn connection_closed(&self, limit: &'static str) {
+        self.closed
+            .get_or_create(&ClosedLabels { reason: limit })
+            .inc();
+    }
+
     /// The shared queue holds `depth` connections.
     pub fn queue(&self, depth: u64) {
         self.queue.set(i64::try_from(depth).unwrap_or(i64::MAX));
@@ -114,6 +192,8 @@ impl IncomingMetrics {
             }));
         }
         drop(self.in_flight.get_or_create(&ServiceLabels::of(service)));
+        drop(self.created.get_or_create(&ServiceLabels::of(service)));
+        drop(self.reused.get_or_create(&ServiceLabels::of(service)));
     }
 
     /// Every series of `service` goes with it.
@@ -126,5 +206,13 @@ impl IncomingMetrics {
         }
         let _ = self.in_flight.remove(&ServiceLabels::of(service));
         let _ = self.duration.remove(&ServiceLabels::of(service));
+        let _ = self.created.remove(&ServiceLabels::of(service));
+        let _ = self.reused.remove(&ServiceLabels::of(service));
+        let _ = self.served.remove(&ServiceLabels::of(service));
     }
+}
+
+/// 1 to 2^20 requests by 4×, then +Inf.
+fn requests_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1.0, 4.0, 11))
 }

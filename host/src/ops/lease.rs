@@ -1,5 +1,5 @@
-//! The lease's series of `/metrics` (SPEC §8): held, term, time left, renewals by outcome
-//! and their latency, takeovers, the killer.
+//! The lease's series of `/metrics` (SPEC §8): held, term, time left, renewals by outcome,
+//! their latency and how late each began, takeovers, the killer.
 //!
 //! The renewal loop touches only atomics: its counters are resolved to their label once, at
 //! start, and its latency histogram is a set of atomic buckets ([`LatencyHistogram`]), since
@@ -56,6 +56,7 @@ pub(super) struct LeaseMetrics {
     /// By [`RenewalOutcome`]: ok, lost, error.
     renewals: [Counter; 3],
     renewal_latency: LatencyHistogram,
+    renewal_lateness: LatencyHistogram,
     pub takeovers: Counter,
     pub killer_armed: Gauge,
 }
@@ -70,6 +71,7 @@ impl LeaseMetrics {
             renewals: ["ok", "lost", "error"]
                 .map(|outcome| renewals.get_or_create(&OutcomeLabels { outcome }).clone()),
             renewal_latency: LatencyHistogram::default(),
+            renewal_lateness: LatencyHistogram::default(),
             takeovers: Counter::default(),
             killer_armed: Gauge::default(),
         };
@@ -99,6 +101,12 @@ impl LeaseMetrics {
             metrics.renewal_latency.clone(),
         );
         r.register(
+            "vvm_lease_renewal_lateness_seconds",
+            "How late each renewal began after it was due (a busy host's: the killer fires \
+             when renewals are late by most of the lease)",
+            metrics.renewal_lateness.clone(),
+        );
+        r.register(
             "vvm_takeovers",
             "Slots this host acquired (each starts a leadership)",
             metrics.takeovers.clone(),
@@ -120,6 +128,11 @@ impl LeaseMetrics {
         };
         self.renewals[i].inc();
         self.renewal_latency.observe(took);
+    }
+
+    /// A renewal began `late` after it was due.
+    pub fn renewal_late(&self, late: Duration) {
+        self.renewal_lateness.observe(late);
     }
 }
 

@@ -130,6 +130,11 @@ impl Ops {
         self.inner.metrics.lease.renewal(outcome, took);
     }
 
+    /// A renewal began `late` after it was due.
+    pub fn renewal_late(&self, late: Duration) {
+        self.inner.metrics.lease.renewal_late(late);
+    }
+
     /// The killer was armed (`true`) or disarmed.
     pub fn killer_armed(&self, armed: bool) {
         self.inner.metrics.lease.killer_armed.set(i64::from(armed));
@@ -210,6 +215,31 @@ impl Ops {
         self.inner.metrics.incoming.connection_accepted();
     }
 
+    /// A request of HTTP service `service` was served by an instance `reused` from an earlier
+    /// request, or a new one.
+    pub fn http_instance(&self, service: &str, reused: bool) {
+        self.inner.metrics.incoming.instance(service, reused);
+    }
+
+    /// An instance of HTTP service `service` that served `requests` was dropped.
+    pub fn http_instance_retired(&self, service: &str, requests: u32) {
+        self.inner
+            .metrics
+            .incoming
+            .instance_retired(service, requests);
+    }
+
+    /// `n` connections are open on `http-addr` now.
+    pub fn http_connections_open(&self, n: usize) {
+        self.inner.metrics.incoming.connections_open(n);
+    }
+
+    /// The host closed a connection on `http-addr` by one of its limits (`header-timeout`,
+    /// `keep-alive-timeout`, `max-connections`).
+    pub fn http_connection_closed(&self, limit: &'static str) {
+        self.inner.metrics.incoming.connection_closed(limit);
+    }
+
     /// The queue of `http-addr`'s shared socket holds `depth` connections (`None`: it could
     /// not be read; the gauge keeps its last figure).
     pub fn http_listen_queue(&self, depth: Option<u64>) {
@@ -222,6 +252,12 @@ impl Ops {
     /// never sent).
     pub fn http_request(&self, service: &str, outcome: HttpOutcome, took: Option<Duration>) {
         self.inner.metrics.http.request(service, outcome, took);
+    }
+
+    /// An outgoing HTTP request of `service` was sent on a kept-alive connection (`reused`), or
+    /// a new one.
+    pub fn http_connection(&self, service: &str, reused: bool) {
+        self.inner.metrics.http.connection(service, reused);
     }
 
     /// A request routed to HTTP service `service` was answered `status` (none: the connection

@@ -1,6 +1,8 @@
 //! The metrics of guests' outgoing HTTP requests (SPEC §8, §10):
-//! `vvm_http_outgoing_requests_total{service,outcome}` and
-//! `vvm_http_outgoing_request_duration_seconds{service}` (until the response head).
+//! `vvm_http_outgoing_requests_total{service,outcome}`,
+//! `vvm_http_outgoing_request_duration_seconds{service}` (until the response head) and
+//! `vvm_http_outgoing_connections_total{service,reused}` (a kept-alive connection or a new one
+//! for each request sent).
 
 use std::time::Duration;
 
@@ -68,11 +70,27 @@ impl ServiceLabels {
 /// A duration histogram per service.
 pub(super) type DurationFamily = Family<ServiceLabels, Histogram, fn() -> Histogram>;
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConnectionLabels {
+    service: String,
+    reused: &'static str,
+}
+
+impl ConnectionLabels {
+    fn of(service: &str, reused: bool) -> Self {
+        Self {
+            service: service.to_owned(),
+            reused: if reused { "true" } else { "false" },
+        }
+    }
+}
+
 /// The outgoing HTTP metrics, registered once.
 #[derive(Debug)]
 pub(super) struct HttpMetrics {
     requests: Family<RequestLabels, Counter>,
     duration: DurationFamily,
+    connections: Family<ConnectionLabels, Counter>,
 }
 
 /// 1 ms to ~65 s by 4×, then +Inf.
@@ -85,7 +103,14 @@ impl HttpMetrics {
         let metrics = Self {
             requests: Family::default(),
             duration: Family::new_with_constructor(duration_histogram),
+            connections: Family::default(),
         };
+        registry.register(
+            "vvm_http_outgoing_connections",
+            "The connections guests' outgoing HTTP requests were sent on: reused (kept alive) \
+             or new",
+            metrics.connections.clone(),
+        );
         registry.register(
             "vvm_http_outgoing_requests",
             "Guests' outgoing HTTP requests, by outcome (ok, denied, fenced, error, timeout)",
@@ -109,10 +134,23 @@ impl HttpMetrics {
         }
     }
 
+    /// A request of `service` was sent on a connection `reused`, or a new one.
+    pub fn connection(&self, service: &str, reused: bool) {
+        self.connections
+            .get_or_create(&ConnectionLabels::of(service, reused))
+            .inc();
+    }
+
     /// Every series of `service` exists from its load, at 0.
     pub fn service_loaded(&self, service: &str) {
         for outcome in HttpOutcome::ALL {
             drop(self.requests.get_or_create(&labels(service, outcome)));
+        }
+        for reused in [false, true] {
+            drop(
+                self.connections
+                    .get_or_create(&ConnectionLabels::of(service, reused)),
+            );
         }
     }
 
@@ -122,6 +160,11 @@ impl HttpMetrics {
             let _ = self.requests.remove(&labels(service, outcome));
         }
         let _ = self.duration.remove(&ServiceLabels::of(service));
+        for reused in [false, true] {
+            let _ = self
+                .connections
+                .remove(&ConnectionLabels::of(service, reused));
+        }
     }
 }
 

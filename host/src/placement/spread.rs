@@ -222,11 +222,19 @@ impl Member {
 
     /// One round: renew if due (or `force`), finish stops, act on problems, balance.
     async fn step(&mut self, leaving: bool) {
-        let due = self.last_renewal.is_none_or(|last| {
-            last.after(renew_every(self.lease()))
-                .left_from(self.s.clock.now())
-                .is_none()
-        });
+        let now = self.s.clock.now();
+        let due = match self.last_renewal {
+            None => true,
+            Some(last) => {
+                let at = last.after(renew_every(self.lease()));
+                let late = at.left_from(now).is_none();
+                if late {
+                    let late = now.since_boot.saturating_sub(at.since_boot);
+                    self.s.ops.renewal_late(late);
+                }
+                late
+            }
+        };
         if due {
             self.renew().await;
         }

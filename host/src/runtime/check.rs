@@ -13,6 +13,7 @@ use super::component::{LoadError, LoadErrorKind, ServiceKind, service_name};
 use super::config::Grants;
 use super::wasm_services::WasmServices;
 use super::{RuntimeConfig, RuntimeError};
+use crate::interfaces::InstanceReuse;
 use crate::interfaces::spin;
 use crate::ops::Ops;
 
@@ -55,6 +56,7 @@ pub struct Note {
 /// directory would take for a service.
 pub fn check(config: RuntimeConfig, file: Option<PathBuf>) -> Result<CheckReport, RuntimeError> {
     let grants = config.grants.clone();
+    let host_reuse = config.incoming_http.instance_reuse;
     let sharing = sharing_note(&config);
     // Nothing runs, so nothing is counted: the loads' series go to a set nobody reads.
     let unread = Ops::new(Arc::new(crate::clock::SystemClock::local()));
@@ -76,6 +78,11 @@ pub fn check(config: RuntimeConfig, file: Option<PathBuf>) -> Result<CheckReport
             notes.extend(outbound_note(&svc.name, &svc.imports));
             let scheduled = grants.get(&svc.name).is_some_and(|g| g.schedule.is_some());
             notes.extend(schedule_note(&svc.name, svc.kind(), scheduled));
+            if svc.serves_http() {
+                let own = grants.get(&svc.name).map(|g| g.instance_reuse);
+                let reuse = InstanceReuse::p2(own.unwrap_or_default().over(host_reuse));
+                notes.extend(reuse_note(&svc.name, reuse));
+            }
             if svc.serves_http()
                 && let Some((note, help)) = &sharing
             {
@@ -172,6 +179,24 @@ fn unrun_note(name: &str, kind: ServiceKind, exports: &[String]) -> Option<Note>
         help: "for code that runs for as long as the service does, beside the handler, \
                export `run` of the vvm:host service world instead (docs/http.md)"
             .to_owned(),
+    })
+}
+
+/// Whether the instances of WASI 0.2 HTTP service `name`, reused as `reuse` says, keep state
+/// from one request to the next (SPEC §12): a component written for a fresh instance per
+/// request may not expect it.
+fn reuse_note(name: &str, reuse: InstanceReuse) -> Option<Note> {
+    (reuse.max_requests > 1).then(|| Note {
+        service: name.to_owned(),
+        note: format!(
+            "its instances serve up to {} requests each (max-instance-reuse-count): it keeps \
+             state between requests, its globals from one request to the next",
+            reuse.max_requests
+        ),
+        help: format!(
+            "keep no request's state in globals, or set `max-instance-reuse-count = 1` in \
+             [service.{name}] (docs/http.md)"
+        ),
     })
 }
 

@@ -24,8 +24,11 @@ pub(crate) struct Runtime {
     grants: RwLock<Arc<HashMap<String, Grants>>>,
     /// Where the services' metrics go.
     pub ops: Ops,
-    /// The open file limit at start, which the granted services' handles share.
+    /// The descriptors the granted services' handles share: the open file limit at start, less
+    /// the connections `http-addr` may hold.
     descriptors: u64,
+    /// The most connections open on `http-addr` at once (`handles::connection_cap`).
+    pub max_connections: u64,
     /// Stops ticking when the last supervisor is gone.
     _ticker: EpochTicker,
 }
@@ -41,9 +44,17 @@ impl Runtime {
         ops: Ops,
     ) -> Result<Self, RuntimeError> {
         let ticker = EpochTicker::start(&engine, config.epoch_tick)?;
+        let descriptors = super::handles::descriptor_limit();
+        let incoming = &config.incoming_http;
+        let max_connections = if incoming.addr.is_some() {
+            super::handles::connection_cap(incoming.max_connections, descriptors)
+        } else {
+            0
+        };
         Ok(Self {
             grants: RwLock::new(Arc::new(config.grants.clone())),
-            descriptors: super::handles::descriptor_limit(),
+            descriptors: descriptors.saturating_sub(max_connections),
+            max_connections,
             config,
             engine,
             ops,

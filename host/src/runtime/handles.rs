@@ -9,9 +9,13 @@
 //! what it needs: a re-read of its configuration, a new service file, a connection to its
 //! operations endpoint or to etcd. So an instance may hold at most `handle-limit` handles,
 //! and the instances of granted services at most an even share of the process's descriptors
-//! less [`HOST_DESCRIPTORS`]. Past its cap a guest's next open traps, its instance is
-//! dropped (and every descriptor with it), and the service restarts with backoff like any
-//! failing one.
+//! less [`HOST_DESCRIPTORS`] and the connections `http-addr` may hold ([`connection_cap`]).
+//! Past its cap a guest's next open traps, its instance is dropped (and every descriptor with
+//! it), and the service restarts with backoff like any failing one.
+//!
+//! The connections on `http-addr` are bounded the same way (SPEC §14): by default half of the
+//! descriptors the host does not keep, so that neither a flood of connections nor the guests
+//! can take the other's, nor the host's own.
 
 use std::collections::HashMap;
 
@@ -20,6 +24,32 @@ use super::config::Grants;
 /// The descriptors kept for the host itself: its store, locks, logs, the live directory's
 /// reads and watch, the operations endpoint's connections (at most 64), etcd's channels.
 const HOST_DESCRIPTORS: u64 = 256;
+
+/// The most connections `http-addr` holds at once by default, whatever the descriptors: each
+/// costs memory too (its buffers, its task), and `wasmtime serve` holds 1000.
+pub(crate) const DEFAULT_MAX_CONNECTIONS_CEILING: u64 = 10_000;
+
+/// The most connections open on `http-addr` at once, of `descriptors` the process may open:
+/// `setting` if given, lowered (with a line saying so) to nine tenths of those the host does
+/// not keep; by default half of those, at most [`DEFAULT_MAX_CONNECTIONS_CEILING`]. At least 1.
+pub(crate) fn connection_cap(setting: Option<u32>, descriptors: u64) -> u64 {
+    let free = descriptors.saturating_sub(HOST_DESCRIPTORS);
+    let most = free / 10 * 9;
+    match setting {
+        None => (free / 2).min(DEFAULT_MAX_CONNECTIONS_CEILING),
+        Some(n) if u64::from(n) > most => {
+            tracing::warn!(
+                max_connections = n,
+                lowered_to = most,
+                open_file_limit = descriptors,
+                "max-connections is more than the open file limit allows: lowered"
+            );
+            most
+        }
+        Some(n) => u64::from(n),
+    }
+    .max(1)
+}
 
 /// Raises the process's soft limit on open files to its hard limit, as Go's runtime does at
 /// start: the soft default of 1024 exists for `select(2)`, which nothing here uses, and the
@@ -100,6 +130,20 @@ mod tests {
             network,
             ..Grants::default()
         }
+    }
+
+    #[test]
+    fn connections_get_half_the_descriptors_the_host_does_not_keep() {
+        // 20 000 descriptors: 256 the host's, half of the rest for connections.
+        assert_eq!(connection_cap(None, 20_000), 9_872);
+        assert_eq!(
+            connection_cap(None, 1 << 20),
+            DEFAULT_MAX_CONNECTIONS_CEILING
+        );
+        assert_eq!(connection_cap(None, 100), 1, "at least one");
+        assert_eq!(connection_cap(Some(500), 20_000), 500);
+        // More than the descriptors allow: nine tenths of those not the host's.
+        assert_eq!(connection_cap(Some(50_000), 4096), 3_456);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use super::engine::Runtime;
 use super::imports::new_store;
 use super::live_dir::Catalogue;
 use super::state::Host;
-use crate::config::Route;
+use crate::config::{InstanceReuseConfig, Route};
 use crate::interfaces::incoming::{self, Sandboxes};
 use crate::interfaces::{IncomingLimits, ServiceEnv};
 use crate::ops::Ops;
@@ -48,12 +48,22 @@ impl Sandboxes for RequestSandboxes {
         self.rt.config.incoming_http
     }
 
+    fn max_connections(&self) -> usize {
+        usize::try_from(self.rt.max_connections).unwrap_or(usize::MAX)
+    }
+
     fn grace_period(&self) -> Duration {
         self.rt.config.grace_period
     }
 
     fn ops(&self) -> &Ops {
         &self.rt.ops
+    }
+
+    fn instance_reuse(&self, name: &str) -> InstanceReuseConfig {
+        let own = self.rt.grants().get(name).map(|g| g.instance_reuse);
+        own.unwrap_or_default()
+            .over(self.rt.config.incoming_http.instance_reuse)
     }
 
     fn route_of(&self, name: &str) -> Route {

@@ -31,7 +31,8 @@ use super::supervisor::{FirstStart, supervise};
 use crate::interfaces::ServiceEnv;
 use crate::interfaces::incoming::Door;
 use crate::interfaces::keyvalue::access::WriteBudget;
-use crate::interfaces::outgoing::{HttpPolicy, OutgoingHttp};
+use crate::interfaces::outgoing::{HttpPolicy, OutgoingShared};
+use crate::lease_value::ReuseStatus;
 use crate::services::{RunningServices, ServiceContext};
 
 /// How long the guests of a start wait for every service's first instance before they begin
@@ -162,25 +163,31 @@ impl Reconciler {
                 grants,
                 self.rt.config.kv,
             ))),
-            http_in_flight: OutgoingHttp::in_flight_limit(
-                grants.map_or(&HttpPolicy::default(), |g| &g.http),
-            ),
+            outgoing: OutgoingShared::new(grants.map_or(&HttpPolicy::default(), |g| &g.http)),
         });
-        if let Some(handler) = &svc.handler {
-            self.http.register(&env, handler);
-        }
+        let reuse = svc
+            .handler
+            .as_ref()
+            .and_then(|handler| self.http.register(&env, handler));
         let (created, rx) = oneshot::channel();
         let first = FirstStart {
             created,
             begin: self.begin.clone(),
             pending: Arc::clone(&self.pending),
         };
-        let tracker = Tracker::new(
+        let mut tracker = Tracker::new(
             ctx.running.clone(),
             self.rt.ops.clone(),
             &svc.name,
             &svc.version,
         );
+        if let Some(reuse) = reuse {
+            tracker.reused(ReuseStatus {
+                max_requests: reuse.max_requests,
+                max_concurrent: reuse.max_concurrent,
+                idle_ms: u64::try_from(reuse.idle_timeout.as_millis()).unwrap_or(u64::MAX),
+            });
+        }
         let schedule = grants.and_then(|g| g.schedule.clone());
         let task = match schedule {
             Some(settings) => tokio::spawn(scheduler::run(

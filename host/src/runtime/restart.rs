@@ -112,6 +112,14 @@ impl Tracker {
         }
     }
 
+    /// An HTTP service whose instances are reused as `reuse` says.
+    pub(crate) fn reused(&mut self, reuse: crate::lease_value::ReuseStatus) {
+        if self.status.reuse != Some(reuse) {
+            self.status.reuse = Some(reuse);
+            self.publish();
+        }
+    }
+
     /// The service will not run again under this leadership (it returned, was handed over,
     /// or is stopped); `reason` says why, if it is news.
     pub(crate) fn stopped(&mut self, reason: Option<&str>) {

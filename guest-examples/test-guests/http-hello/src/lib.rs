@@ -5,6 +5,10 @@
 //! - `slow`: answers `200` at once, then streams `chunk N\n` for N in 1..=500, one every
 //!   20 ms (a response in progress for ten seconds);
 //! - `headers`: `200` with the request's `spin-*` headers, a `NAME: VALUE` line each, sorted;
+//! - `count`: `200` with `count N instance X`: N counts the requests this instance has served
+//!   (a global), X is a random number the instance drew at its first (instance reuse);
+//! - `trap`: traps before answering (a panic);
+//! - `grow`: asks for 512 MiB, past any memory cap, and traps when refused;
 //! - anything else: `200` with the body `hello from <path>` (the path and query as
 //!   received), written in two pieces so that the body is streamed.
 
@@ -16,6 +20,9 @@ wit_bindgen::generate!({
     generate_all,
 });
 
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+
 use exports::wasi::http::incoming_handler::Guest;
 use wasi::clocks::monotonic_clock;
 use wasi::http::types::{
@@ -23,6 +30,11 @@ use wasi::http::types::{
 };
 
 struct Hello;
+
+/// Requests this instance has begun.
+static COUNT: AtomicU32 = AtomicU32::new(0);
+/// This instance's random number, drawn at its first `count`.
+static INSTANCE: OnceLock<u64> = OnceLock::new();
 
 /// Nanoseconds in a millisecond.
 const MS: u64 = 1_000_000;
@@ -36,12 +48,21 @@ impl Guest for Hello {
             .and_then(|p| p.rsplit('/').next())
             .map(str::to_owned);
         let last = last.as_deref();
+        let count = COUNT.fetch_add(1, Ordering::SeqCst) + 1;
         match last {
             Some("spin") => spin(),
             Some("wait") => monotonic_clock::subscribe_duration(60_000 * MS).block(),
+            Some("trap") => panic!("trap asked for"),
+            Some("grow") => {
+                let big: Vec<u8> = vec![1; 512 << 20];
+                std::hint::black_box(&big);
+            }
             _ => {}
         }
-        let pieces: Vec<String> = if last == Some("slow") {
+        let pieces: Vec<String> = if last == Some("count") {
+            let id = *INSTANCE.get_or_init(wasi::random::random::get_random_u64);
+            vec![format!("count {count} instance {id:016x}")]
+        } else if last == Some("slow") {
             (1..=500).map(|n| format!("chunk {n}\n")).collect()
         } else if last == Some("headers") {
             let mut lines: Vec<String> = request

@@ -5,7 +5,43 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::config::IncomingHttpConfig;
+use crate::config::{IncomingHttpConfig, InstanceReuseConfig};
+
+/// How an HTTP service's instances are reused (SPEC §12): resolved for one service from its
+/// settings, the host-wide ones and the defaults of its component's WASI generation, as
+/// `wasmtime serve` defaults its flags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InstanceReuse {
+    /// How many requests one instance serves before it is dropped (1: a fresh instance per
+    /// request).
+    pub max_requests: u32,
+    /// How many requests one instance serves at once.
+    pub max_concurrent: u32,
+    /// How long an instance waits idle for its next request before it is dropped.
+    pub idle_timeout: Duration,
+}
+
+impl InstanceReuse {
+    /// For a WASI 0.2 component: a fresh instance per request, as a component written for
+    /// one expects; one request at a time per instance whatever is set (a WASI 0.2 export
+    /// cannot be entered twice at once).
+    pub const WASI_P2: Self = Self {
+        max_requests: 1,
+        max_concurrent: 1,
+        idle_timeout: Duration::from_secs(1),
+    };
+
+    /// The reuse of a WASI 0.2 component under `settings` (the service's over the host's).
+    #[must_use]
+    pub fn p2(settings: InstanceReuseConfig) -> Self {
+        let d = Self::WASI_P2;
+        Self {
+            max_requests: settings.max_instance_reuse_count.unwrap_or(d.max_requests),
+            max_concurrent: 1,
+            idle_timeout: settings.idle_instance_timeout.unwrap_or(d.idle_timeout),
+        }
+    }
+}
 
 /// Where HTTP services are served and the limits on their requests (SPEC §10).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,9 +58,19 @@ pub struct IncomingLimits {
     /// The largest request head (request line and headers); a larger one is refused with
     /// 431. Default 64 KiB.
     pub max_header_bytes: usize,
-    /// The longest a connection waits for a request's head (idle between requests, or a
-    /// head sent slowly) before it is closed. Default 30 s.
-    pub idle_timeout: Duration,
+    /// The most connections open at once, as set (`max-connections`); `None`: the default,
+    /// from the open file limit (the runtime resolves it, [`super::Sandboxes::max_connections`]).
+    pub max_connections: Option<u32>,
+    /// The longest a connection may take to send a whole request head, from its accept or from
+    /// the first byte of a later request's head; then it is closed. Default 10 s: a head
+    /// takes a round trip (nginx's `client_header_timeout` is 60 s; `HAProxy` leaves its
+    /// `timeout http-request` to the operator).
+    pub header_timeout: Duration,
+    /// The longest a connection may stay idle between two requests; then it is closed.
+    /// Default 30 s.
+    pub keep_alive_timeout: Duration,
+    /// Every HTTP service's instance reuse, but where its own table sets it.
+    pub instance_reuse: InstanceReuseConfig,
 }
 
 impl Default for IncomingLimits {
@@ -35,7 +81,10 @@ impl Default for IncomingLimits {
             request_timeout: Duration::from_secs(30),
             max_body_bytes: 10 << 20,
             max_header_bytes: 64 << 10,
-            idle_timeout: Duration::from_secs(30),
+            max_connections: None,
+            header_timeout: Duration::from_secs(10),
+            keep_alive_timeout: Duration::from_secs(30),
+            instance_reuse: InstanceReuseConfig::default(),
         }
     }
 }
@@ -53,7 +102,12 @@ impl IncomingLimits {
             max_header_bytes: file.max_header_bytes.map_or(self.max_header_bytes, |n| {
                 usize::try_from(n).unwrap_or(usize::MAX)
             }),
-            idle_timeout: file.idle_timeout.unwrap_or(self.idle_timeout),
+            max_connections: file.max_connections.or(self.max_connections),
+            header_timeout: (file.header_timeout.or(file.idle_timeout))
+                .unwrap_or(self.header_timeout),
+            keep_alive_timeout: (file.keep_alive_timeout.or(file.idle_timeout))
+                .unwrap_or(self.keep_alive_timeout),
+            instance_reuse: file.instance_reuse().over(self.instance_reuse),
         }
     }
 }

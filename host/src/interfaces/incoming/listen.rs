@@ -8,16 +8,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::server::conn::http1;
-use hyper_util::rt::TokioTimer;
 use tokio::net::{TcpListener, TcpSocket};
-use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use wasmtime_wasi_http::io::TokioIo;
 
+use super::connections::{Busy, Closed, Slot, Watched};
 use super::routes::Shared;
 use super::sandboxes::Sandboxes;
-use super::serve::serve;
+use super::serve::{Aborted, serve};
 
 /// How long a failed bind waits before the next try.
 const REBIND_PAUSE: Duration = Duration::from_millis(50);
@@ -64,6 +63,9 @@ pub(super) async fn listen<S: Sandboxes>(
     // Whether accepting now: always on an own listener; on the shared socket, while the
     // deadline is ahead.
     let mut accepting = true;
+    // A place for the next connection, got before it is accepted: at `max-connections` the
+    // host takes no more from the queue than it can hold (never an `EMFILE`).
+    let mut slot: Option<Slot> = None;
     let passed = deadline.passed();
     tokio::pin!(passed);
     loop {
@@ -83,19 +85,27 @@ pub(super) async fn listen<S: Sandboxes>(
                 accepting = true;
                 passed.set(deadline.passed());
             }
-            accepted = listener.accept(), if accepting => match accepted {
+            got = shared.connections.slot(), if accepting && slot.is_none() => slot = Some(got),
+            accepted = listener.accept(), if accepting && slot.is_some() => match accepted {
                 Ok((stream, _)) => {
-                    shared.sandboxes.ops().http_connection_accepted();
+                    let place = slot.take().unwrap_or_else(|| unreachable!("accepted with a place"));
+                    place.accepted();
+                    let ops = shared.sandboxes.ops();
+                    ops.http_connection_accepted();
+                    ops.http_connections_open(shared.connections.count());
                     let _ = stream.set_nodelay(true);
-                    connections.spawn(connection(stream, Arc::clone(&shared), closing.clone()));
+                    connections.spawn(connection(stream, Arc::clone(&shared), place, closing.clone()));
                 }
                 Err(e) => {
-                    // Out of descriptors, say: the next accept may work.
+                    // The descriptors the host keeps for itself ran out, say: the next
+                    // accept may work.
                     tracing::warn!(error = %e, "http accept failed");
                     tokio::time::sleep(REBIND_PAUSE).await;
                 }
             },
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            Some(_) = connections.join_next(), if !connections.is_empty() => {
+                shared.sandboxes.ops().http_connections_open(shared.connections.count());
+            }
         }
     }
     if shared_socket {
@@ -108,12 +118,16 @@ pub(super) async fn listen<S: Sandboxes>(
         // Connections the kernel completed before the close are taken and answered, not
         // reset.
         if let Ok(listener) = listener.into_std() {
-            while let Ok((stream, _)) = listener.accept() {
+            while let Some(place) = slot.take().or_else(|| shared.connections.try_slot())
+                && let Ok((stream, _)) = listener.accept()
+            {
                 if let Ok(stream) = stream
                     .set_nonblocking(true)
                     .and_then(|()| tokio::net::TcpStream::from_std(stream))
                 {
-                    connections.spawn(connection(stream, Arc::clone(&shared), closing.clone()));
+                    place.accepted();
+                    let shared = Arc::clone(&shared);
+                    connections.spawn(connection(stream, shared, place, closing.clone()));
                 }
             }
         }
@@ -163,49 +177,88 @@ async fn bind(addr: SocketAddr, stop: &CancellationToken) -> Option<TcpListener>
 }
 
 /// Serves one connection until it ends, or, once `closing`, until its request in progress
-/// is answered. A connection that waits longer than the idle timeout for a request's head
-/// (idle between requests, or a head sent slowly) is closed; a head over the limit is
-/// answered 431.
+/// is answered. It is closed when it takes longer than the header timeout to send a head, or
+/// idles between two requests past the keep-alive timeout, or when the cap needs its place
+/// (`place`) while it waits for a head; a head over the limit is answered 431.
 async fn connection<S: Sandboxes>(
     stream: tokio::net::TcpStream,
     shared: Arc<Shared<S>>,
+    place: Slot,
     closing: CancellationToken,
 ) {
     let limits = shared.sandboxes.limits();
-    let asked = Arc::new(Notify::new());
-    let first = Arc::clone(&asked);
+    let state = Arc::clone(place.conn());
     let client = stream.peer_addr().ok();
-    let service = hyper::service::service_fn(move |req| {
-        first.notify_one();
-        serve(Arc::clone(&shared), req, client)
-    });
+    let service = {
+        let (shared, state) = (Arc::clone(&shared), Arc::clone(&state));
+        hyper::service::service_fn(move |req| {
+            let busy = state.request();
+            let shared = Arc::clone(&shared);
+            async move {
+                let response = serve(shared, req, client).await?;
+                Ok::<_, Aborted>(response.map(|body| Tracked { body, _busy: busy }))
+            }
+        })
+    };
+    let stream = TokioIo::new(Watched::new(stream, Arc::clone(&state)));
     let conn = http1::Builder::new()
         .keep_alive(true)
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.idle_timeout)
+        // Its own, in `Conn::expired`: hyper's starts again with every head, so it cannot tell
+        // a slow head from an idle keep-alive connection.
+        .header_read_timeout(None)
         .max_header_size(limits.max_header_bytes)
-        .serve_connection(TokioIo::new(stream), service);
+        .serve_connection(stream, service);
     tokio::pin!(conn);
-    let mut asked_once = false;
-    tokio::select! {
+    let expired = state.expired(limits.header_timeout, limits.keep_alive_timeout);
+    tokio::pin!(expired);
+    let why = tokio::select! {
         _ = conn.as_mut() => return,
-        () = asked.notified() => asked_once = true,
-        () = closing.cancelled() => {}
-    }
-    if !closing.is_cancelled() {
-        tokio::select! {
-            _ = conn.as_mut() => return,
-            () = closing.cancelled() => {}
+        why = &mut expired => why,
+        () = state.evict.cancelled() => Closed::MaxConnections,
+        () = closing.cancelled() => {
+            if !state.served() {
+                // A connection just accepted: its first request is read and answered (within
+                // the header timeout), so a client the host took is never turned away
+                // unanswered.
+                tokio::select! {
+                    _ = conn.as_mut() => return,
+                    () = state.first_request() => {}
+                    why = &mut expired => {
+                        shared.sandboxes.ops().http_connection_closed(why.label());
+                        return;
+                    }
+                }
+            }
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+            return;
         }
+    };
+    shared.sandboxes.ops().http_connection_closed(why.label());
+}
+
+/// A response body that keeps its connection busy until it is written whole (or dropped).
+struct Tracked<B> {
+    body: B,
+    _busy: Busy,
+}
+
+impl<B: hyper::body::Body + Unpin> hyper::body::Body for Tracked<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
     }
-    if !asked_once {
-        // A connection just accepted: its first request is read and answered (bounded by
-        // the idle timeout), so a client the host took is never turned away unanswered.
-        tokio::select! {
-            _ = conn.as_mut() => return,
-            () = asked.notified() => {}
-        }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
     }
-    conn.as_mut().graceful_shutdown();
-    let _ = conn.await;
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
 }

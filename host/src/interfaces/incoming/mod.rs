@@ -24,23 +24,31 @@
 //!   progress within the grace period and are dropped after it; then the routes go
 //!   ([`HttpServer::unregister`]) and their calls still running end (bounded by the grace
 //!   period too); only then are the services stopped and the lease released (SPEC §5 order).
-//! - `limits`: [`IncomingLimits`]; `sandboxes`: the seam; `routes`: the routes served now;
-//!   `listen`: a door's listener and its connections; `serve`: one request; `body`: its
-//!   response under the lease; `spin`: Spin's request headers.
+//! - Incoming HTTP runs on threads of its own (`workers`): no flood of connections or requests
+//!   can starve the lease's renewals.
+//! - `limits`: [`IncomingLimits`]; `connections`: the cap on open connections and their
+//!   header and keep-alive timeouts; `sandboxes`: the seam; `routes`: the routes served now;
+//!   `listen`: a door's listener and its connections; `serve`: one request; `pool`: the
+//!   instances a service reuses; `body`: its response under the lease; `spin`: Spin's request
+//!   headers.
 //!
 //! Dependencies point one way, in this order (each uses only modules before it): `limits`,
-//! `socket`, `spin`, `body`, `sandboxes`, `routes`, `serve`, `listen`.
+//! `socket`, `connections`, `workers`, `spin`, `body`, `sandboxes`, `pool`, `routes`, `serve`,
+//! `listen`.
 
 mod body;
+mod connections;
 mod limits;
 mod listen;
+mod pool;
 mod routes;
 mod sandboxes;
 mod serve;
 mod socket;
 mod spin;
+mod workers;
 
-pub use limits::IncomingLimits;
+pub use limits::{IncomingLimits, InstanceReuse};
 
 pub(crate) use sandboxes::Sandboxes;
 pub(crate) use socket::{SharedSocket, other_addresses, share};
@@ -53,8 +61,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::{AbortOnDropHandle, TaskTracker};
 use wasmtime_wasi_http::p2::bindings::ProxyPre;
 
+use self::connections::Connections;
 use self::listen::{Listener, listen};
+use self::pool::Pool;
 use self::routes::{Entry, Shared};
+use self::workers::Workers;
 use crate::interfaces::env::ServiceEnv;
 use crate::lease::LeaseDeadline;
 use crate::services::FrontDoor;
@@ -95,6 +106,8 @@ pub(crate) struct HttpServer<S: Sandboxes> {
     socket: std::sync::OnceLock<SharedSocket>,
     /// Reads the shared socket's queue into `/metrics` while it is held.
     queue_gauge: Mutex<Option<AbortOnDropHandle<()>>>,
+    /// The threads every door and connection runs on; started with the first door.
+    workers: std::sync::OnceLock<Workers>,
 }
 
 impl<S: Sandboxes> HttpServer<S> {
@@ -103,12 +116,14 @@ impl<S: Sandboxes> HttpServer<S> {
     pub(crate) fn new(sandboxes: S) -> Self {
         Self {
             shared: Arc::new(Shared {
+                connections: Connections::new(sandboxes.max_connections()),
                 sandboxes,
                 routes: Mutex::default(),
             }),
             retired: Mutex::default(),
             socket: std::sync::OnceLock::new(),
             queue_gauge: Mutex::default(),
+            workers: std::sync::OnceLock::new(),
         }
     }
 
@@ -125,9 +140,16 @@ impl<S: Sandboxes> HttpServer<S> {
         if let Some(socket) = socket {
             let gauge = tokio::spawn(async move {
                 let mut every = tokio::time::interval(Duration::from_secs(1));
+                let socket = Arc::new(socket);
                 loop {
                     every.tick().await;
-                    let depth = socket::queue_depth(std::os::fd::AsFd::as_fd(&socket));
+                    // It reads `/proc/net/tcp`, one line per socket of the machine: never on a
+                    // worker, which must not wait on it.
+                    let socket = Arc::clone(&socket);
+                    let depth = tokio::task::spawn_blocking(move || {
+                        socket::queue_depth(std::os::fd::AsFd::as_fd(&*socket))
+                    });
+                    let depth = depth.await.ok().flatten();
                     shared.sandboxes.ops().http_listen_queue(depth);
                 }
             });
@@ -154,7 +176,8 @@ impl<S: Sandboxes> HttpServer<S> {
             }
             None => None,
         };
-        let task = tokio::spawn(listen(
+        let workers = self.workers.get_or_init(Workers::start);
+        let task = workers.spawn(listen(
             Listener { addr, socket },
             Arc::clone(&self.shared),
             (stop.clone(), deadline),
@@ -167,9 +190,13 @@ impl<S: Sandboxes> HttpServer<S> {
     }
 
     /// Serves the HTTP service `env.name` (component `pre`) under `env`'s lease from now on,
-    /// on its route, through the door open now or next. Without `http-addr`, says once that
-    /// it is not served.
-    pub(crate) fn register(&self, env: &Arc<ServiceEnv>, pre: &ProxyPre<S::Data>) {
+    /// on its route, through the door open now or next; how its instances are reused, if it
+    /// is served. Without `http-addr`, says once that it is not served.
+    pub(crate) fn register(
+        &self,
+        env: &Arc<ServiceEnv>,
+        pre: &ProxyPre<S::Data>,
+    ) -> Option<InstanceReuse> {
         let sandboxes = &self.shared.sandboxes;
         let limits = sandboxes.limits();
         if limits.addr.is_none() {
@@ -177,7 +204,7 @@ impl<S: Sandboxes> HttpServer<S> {
                 service = &*env.name,
                 "HTTP service not served: http-addr is off"
             );
-            return;
+            return None;
         }
         let name = env.name.to_string();
         let route = sandboxes.route_of(&name);
@@ -187,13 +214,20 @@ impl<S: Sandboxes> HttpServer<S> {
             // be another's `route`: the first service by name answers it.
             tracing::error!(service = name, %route, answered_by = first,
                 "HTTP service not served: its route is another service's");
-            return;
+            return None;
         }
-        tracing::info!(service = name, %route, "HTTP service routed");
+        let reuse = InstanceReuse::p2(sandboxes.instance_reuse(&name));
+        tracing::info!(
+            service = name,
+            %route,
+            max_instance_reuse_count = reuse.max_requests,
+            "HTTP service routed"
+        );
         let entry = Arc::new(Entry {
             route,
             env: Arc::clone(env),
             pre: pre.clone(),
+            pool: Pool::new(env, reuse, limits.max_concurrent as usize),
             permits: Arc::new(Semaphore::new(limits.max_concurrent as usize)),
             requests: TaskTracker::new(),
         });
@@ -209,6 +243,7 @@ impl<S: Sandboxes> HttpServer<S> {
                 .unwrap_or_else(PoisonError::into_inner)
                 .push(old);
         }
+        Some(reuse)
     }
 
     /// Stops serving the services `names`: their routes go (a request for one is answered
@@ -229,6 +264,7 @@ impl<S: Sandboxes> HttpServer<S> {
         };
         let bound = self.shared.sandboxes.grace_period() + Duration::from_secs(1);
         for entry in entries {
+            entry.pool.close();
             entry.requests.close();
             if tokio::time::timeout(bound, entry.requests.wait())
                 .await

@@ -9,6 +9,8 @@ use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 use wasmtime_wasi_http::p2::bindings::ProxyPre;
 
+use super::connections::Connections;
+use super::pool::{Instance, Pool};
 use super::sandboxes::Sandboxes;
 use crate::config::{Route, pick_route};
 use crate::interfaces::env::ServiceEnv;
@@ -21,6 +23,8 @@ pub(super) struct Entry<T: 'static> {
     pub env: Arc<ServiceEnv>,
     /// Its component, pre-instantiated once.
     pub pre: ProxyPre<T>,
+    /// Its instances waiting for their next request.
+    pub pool: Arc<Pool<Instance<T>>>,
     /// Its requests in flight at once.
     pub permits: Arc<Semaphore>,
     /// Its handlers' calls still running.
@@ -36,6 +40,8 @@ pub(super) type Routes<T> = BTreeMap<String, Arc<Entry<T>>>;
 pub(super) struct Shared<S: Sandboxes> {
     pub sandboxes: S,
     pub routes: Mutex<Routes<S::Data>>,
+    /// The connections open, at most `max-connections`.
+    pub connections: Arc<Connections>,
 }
 
 /// Who answers a request's path.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use wasmtime::Store;
 
 use super::limits::IncomingLimits;
-use crate::config::Route;
+use crate::config::{InstanceReuseConfig, Route};
 use crate::interfaces::env::ServiceEnv;
 use crate::interfaces::view::View;
 use crate::ops::Ops;
@@ -29,11 +29,19 @@ pub(crate) trait Sandboxes: Send + Sync + 'static {
     /// Where HTTP services are served and the limits on their requests.
     fn limits(&self) -> IncomingLimits;
 
+    /// The most connections open at once: `max-connections`, or by default a share of the
+    /// open file limit that leaves the host and the guests theirs.
+    fn max_connections(&self) -> usize;
+
     /// How long a stopped service's calls and connections may go on.
     fn grace_period(&self) -> Duration;
 
     /// The metrics.
     fn ops(&self) -> &Ops;
+
+    /// The instance reuse settings of service `name` under the grants now: its own over the
+    /// host's.
+    fn instance_reuse(&self, name: &str) -> InstanceReuseConfig;
 
     /// The route of service `name` under the grants now: its `route`, or `/NAME/...`.
     fn route_of(&self, name: &str) -> Route;

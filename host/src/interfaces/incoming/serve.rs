@@ -22,6 +22,7 @@ use wasmtime_wasi_http::p2::types::{HostIncomingRequest, HostResponseOutparam};
 use wasmtime_wasi_http::{Error, WasiHttpView as _};
 
 use super::body;
+use super::pool::Instance;
 use super::routes::{Entry, Routed, Shared};
 use super::sandboxes::Sandboxes;
 use super::spin;
@@ -104,14 +105,21 @@ async fn handle<S: Sandboxes>(
         );
         return Ok(unavailable("busy\n"));
     };
-    let mut store = match shared.sandboxes.store(&entry.env) {
-        Ok(store) => store,
-        Err(e) => {
-            let service = &*entry.env.name;
-            tracing::error!(service, error = %format!("{e:#}"), "request: no sandbox");
-            return Ok(plain(StatusCode::INTERNAL_SERVER_ERROR, "no sandbox\n"));
-        }
+    // A reused instance, if one waits (every request's calls are fenced per call all the
+    // same), else a fresh store.
+    let ready = match entry.pool.take() {
+        Some(instance) => Ready::Reused(instance),
+        None => match shared.sandboxes.store(&entry.env) {
+            Ok(store) => Ready::Fresh(store),
+            Err(e) => {
+                let service = &*entry.env.name;
+                tracing::error!(service, error = %format!("{e:#}"), "request: no sandbox");
+                return Ok(plain(StatusCode::INTERNAL_SERVER_ERROR, "no sandbox\n"));
+            }
+        },
     };
+    let mut ready = ready;
+    let store = ready.store();
     let (tx, rx) = tokio::sync::oneshot::channel();
     let resources = store
         .data_mut()
@@ -133,7 +141,7 @@ async fn handle<S: Sandboxes>(
         _permit: permit,
         _in_flight: entry.env.ops.http_in_flight(&entry.env.name),
     };
-    entry.requests.spawn(call.run(store, request, out));
+    entry.requests.spawn(call.run(ready, request, out));
     let head = tokio::select! {
         head = rx => head,
         () = entry.env.deadline.passed() => return Err(Aborted),
@@ -204,25 +212,67 @@ struct Call<T: 'static> {
     _in_flight: RunningGuard,
 }
 
+/// Whether the failed call of a request had an instance (reused, or instantiated), which it
+/// retires: `served` before it, none instantiated when `unstarted`.
+fn proxy_made(served: u32, unstarted: &CancellationToken) -> bool {
+    served > 0 || !unstarted.is_cancelled()
+}
+
+/// What a request's call runs on: an instance kept from an earlier request, or a fresh store
+/// to instantiate in.
+enum Ready<T: 'static> {
+    Reused(Instance<T>),
+    Fresh(Store<T>),
+}
+
+impl<T: 'static> Ready<T> {
+    fn store(&mut self) -> &mut Store<T> {
+        match self {
+            Self::Reused(instance) => &mut instance.store,
+            Self::Fresh(store) => store,
+        }
+    }
+}
+
 impl<T: View> Call<T> {
     async fn run(
         self,
-        mut store: Store<T>,
+        ready: Ready<T>,
         request: Resource<HostIncomingRequest>,
         out: Resource<HostResponseOutparam>,
     ) {
+        let env = &self.entry.env;
+        let (mut store, proxy, served) = match ready {
+            Ready::Reused(Instance {
+                store,
+                proxy,
+                served,
+                ..
+            }) => {
+                env.ops.http_instance(&env.name, true);
+                (store, Some(proxy), served)
+            }
+            Ready::Fresh(store) => (store, None, 0),
+        };
         // In a block of its own: the call (and its borrow of the store) ends with it.
         let outcome = {
             let pre = &self.entry.pre;
             let call = async {
-                let proxy = pre
-                    .instantiate_async(&mut store)
-                    .await
-                    .inspect_err(|_| self.unstarted.cancel())?;
+                let proxy = if let Some(proxy) = proxy {
+                    proxy
+                } else {
+                    let proxy = pre
+                        .instantiate_async(&mut store)
+                        .await
+                        .inspect_err(|_| self.unstarted.cancel())?;
+                    env.ops.http_instance(&env.name, false);
+                    proxy
+                };
                 proxy
                     .wasi_http_incoming_handler()
                     .call_handle(&mut store, request, out)
                     .await
+                    .map(|()| proxy)
             };
             tokio::pin!(call);
             let stopped = async {
@@ -238,13 +288,31 @@ impl<T: View> Call<T> {
                 () = stopped => Err("stopped: grace period over".to_owned()),
             }
         };
-        if outcome.is_err() {
-            // Before the store (and with it the response body's sender) is dropped.
-            self.broken.cancel();
-        }
+        let outcome = match outcome {
+            // The call returned: its instance may serve the next request (the pool says).
+            Ok(proxy) => {
+                let instance = Instance {
+                    store,
+                    proxy,
+                    served: served + 1,
+                    env: Arc::clone(env),
+                };
+                self.entry.pool.give_back(instance);
+                Ok(())
+            }
+            Err(reason) => {
+                // Before the store (and with it the response body's sender) is dropped.
+                self.broken.cancel();
+                // Never reused: it trapped, was fenced, or ran past its time.
+                drop(store);
+                if proxy_made(served, &self.unstarted) {
+                    env.ops.http_instance_retired(&env.name, served + 1);
+                }
+                Err(reason)
+            }
+        };
         // The call is over: its instance, its place in the concurrency and its count in
         // flight go before the line that says so.
-        drop(store);
         let Self {
             entry,
             _permit: permit,

@@ -416,7 +416,7 @@ async fn a_granted_bucket_is_shared_between_services() {
         store: Arc::clone(&env.store),
         ops: env.ops.clone(),
         kv_budget: std::sync::Mutex::new(WriteBudget::full(&KvLimits::default())),
-        http_in_flight: Arc::clone(&env.http_in_flight),
+        outgoing: Arc::clone(&env.outgoing),
     });
     let mut a = host(&env, access(roomy(), &["shared"]));
     let mut b_host = host(&other, access(roomy(), &["shared"]));

@@ -41,13 +41,22 @@ pub(super) fn request(inner: WasiBody, deadline: LeaseDeadline) -> DeadlineBody<
     DeadlineBody::new(inner, deadline, Sent)
 }
 
-/// A response body: ends when nothing arrives for `between_bytes`.
-pub(super) struct Quiet {
-    between_bytes: Duration,
-    quiet: Pin<Box<tokio::time::Sleep>>,
+/// What a response body holds while it lasts, and does when it ended whole: its exchange's
+/// connection and place among the requests in flight.
+pub(super) trait Held: Send + Unpin + 'static {
+    /// The body was read to its end, in time.
+    fn finished(&mut self);
 }
 
-impl BodyEnds for Quiet {
+/// A response body: ends when nothing arrives for `between_bytes`; holds what its exchange
+/// holds ([`Held`]) until then.
+pub(super) struct Quiet<H> {
+    between_bytes: Duration,
+    silence: Pin<Box<tokio::time::Sleep>>,
+    held: H,
+}
+
+impl<H: Held> BodyEnds for Quiet<H> {
     type Error = Error;
 
     fn fenced(&self) -> Error {
@@ -56,28 +65,35 @@ impl BodyEnds for Quiet {
 
     fn framed(&mut self) {
         let next = tokio::time::Instant::now() + self.between_bytes;
-        self.quiet.as_mut().reset(next);
+        self.silence.as_mut().reset(next);
     }
 
     fn poll_ended(&mut self, cx: &mut Context<'_>) -> Poll<Error> {
-        self.quiet
+        self.silence
             .as_mut()
             .poll(cx)
             .map(|()| Error::ConnectionReadTimeout)
     }
+
+    fn finished(&mut self) {
+        self.held.finished();
+    }
 }
 
 /// The response body `incoming` as the guest's side of `wasi:http` takes it: ends in an error
-/// once `deadline` has passed, or when nothing arrives for `between_bytes`.
+/// once `deadline` has passed, or when nothing arrives for `between_bytes`; holds `held` while
+/// it lasts, and tells it when it was read to its end.
 pub(super) fn response(
     incoming: Incoming,
     deadline: LeaseDeadline,
     between_bytes: Duration,
+    held: impl Held,
 ) -> WasiBody {
     let incoming: MapErr<Incoming, fn(hyper::Error) -> Error> = incoming.map_err(Error::Hyper);
     let ends = Quiet {
         between_bytes,
-        quiet: Box::pin(tokio::time::sleep(between_bytes)),
+        silence: Box::pin(tokio::time::sleep(between_bytes)),
+        held,
     };
     DeadlineBody::new(incoming, deadline, ends).boxed_unsync()
 }

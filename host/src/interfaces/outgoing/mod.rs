@@ -19,11 +19,14 @@
 //!   neither set nor remove.
 //! - Limits: requests in flight per service, connect, first-byte and between-bytes timeouts
 //!   ([`OutgoingLimits`]); a guest's own `request-options` can only shorten them.
+//! - Connections are kept alive per service and origin (`pool`), during one leadership: each
+//!   request above is still its own, on a connection reused or new.
 
 mod allow;
 mod body;
 mod connect;
 mod handle;
+mod pool;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -44,6 +47,7 @@ use allow::AllowList;
 use body::fenced;
 use connect::Target;
 pub(crate) use handle::link_handle;
+use pool::{Conn, Lent, Origin, Pool};
 
 use crate::config::OutgoingHttpConfig;
 use crate::lease::LeaseDeadline;
@@ -67,6 +71,11 @@ pub struct OutgoingLimits {
     pub first_byte_timeout: Duration,
     /// The longest wait between two pieces of the response body. Default 60 s.
     pub between_bytes_timeout: Duration,
+    /// The most idle keep-alive connections kept per origin; 0: a connection per request.
+    /// Default 32.
+    pub pool_max_idle_per_origin: u32,
+    /// How long an idle keep-alive connection waits for its next request. Default 30 s.
+    pub pool_idle_timeout: Duration,
 }
 
 impl Default for OutgoingLimits {
@@ -76,6 +85,8 @@ impl Default for OutgoingLimits {
             connect_timeout: Duration::from_secs(10),
             first_byte_timeout: Duration::from_mins(1),
             between_bytes_timeout: Duration::from_mins(1),
+            pool_max_idle_per_origin: 32,
+            pool_idle_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -92,6 +103,10 @@ impl OutgoingLimits {
             between_bytes_timeout: table
                 .between_bytes_timeout
                 .unwrap_or(self.between_bytes_timeout),
+            pool_max_idle_per_origin: table
+                .pool_max_idle_per_origin
+                .unwrap_or(self.pool_max_idle_per_origin),
+            pool_idle_timeout: table.pool_idle_timeout.unwrap_or(self.pool_idle_timeout),
         }
     }
 
@@ -169,8 +184,29 @@ impl std::fmt::Debug for HttpPolicy {
     }
 }
 
+/// What every instance of one service shares of its outgoing HTTP during one leadership: its
+/// requests in flight, and its keep-alive connections.
+pub(crate) struct OutgoingShared {
+    in_flight: Arc<Semaphore>,
+    pool: Arc<Pool>,
+}
+
+impl OutgoingShared {
+    /// The requests in flight and the pool of a service with `policy`.
+    pub(crate) fn new(policy: &HttpPolicy) -> Arc<Self> {
+        let limits = policy.limits;
+        Arc::new(Self {
+            in_flight: Arc::new(Semaphore::new(limits.max_concurrent as usize)),
+            pool: Pool::new(
+                limits.pool_max_idle_per_origin as usize,
+                limits.pool_idle_timeout,
+            ),
+        })
+    }
+}
+
 /// One instance's outgoing HTTP: `wasmtime-wasi-http`'s hooks, with the service's policy,
-/// its lease, and the requests in flight that its instances share.
+/// its lease, and what its instances share.
 pub(crate) struct OutgoingHttp {
     service: Arc<str>,
     token: HeaderValue,
@@ -178,21 +214,21 @@ pub(crate) struct OutgoingHttp {
     deadline: LeaseDeadline,
     ops: Ops,
     policy: Arc<HttpPolicy>,
-    in_flight: Arc<Semaphore>,
+    shared: Arc<OutgoingShared>,
     /// The origins denied so far and said at warn level.
     denied: HashSet<(bool, String, u16)>,
 }
 
 impl OutgoingHttp {
-    /// The hooks of an instance of `service` under `lease` with `policy`; `in_flight` is
-    /// shared by every instance of the service.
+    /// The hooks of an instance of `service` under `lease` with `policy`; `shared` is every
+    /// instance's of the service.
     pub(crate) fn new(
         service: &Arc<str>,
         lease: &LeaseInfo,
         deadline: LeaseDeadline,
         ops: Ops,
         policy: Arc<HttpPolicy>,
-        in_flight: Arc<Semaphore>,
+        shared: Arc<OutgoingShared>,
     ) -> Self {
         Self {
             service: Arc::clone(service),
@@ -202,14 +238,9 @@ impl OutgoingHttp {
             deadline,
             ops,
             policy,
-            in_flight,
+            shared,
             denied: HashSet::new(),
         }
-    }
-
-    /// The limit on requests in flight for a service with `policy`, shared by its instances.
-    pub(crate) fn in_flight_limit(policy: &HttpPolicy) -> Arc<Semaphore> {
-        Arc::new(Semaphore::new(policy.limits.max_concurrent as usize))
     }
 }
 
@@ -251,7 +282,7 @@ impl WasiHttpHooks for OutgoingHttp {
             service: Arc::clone(&self.service),
             ops: self.ops.clone(),
             deadline: self.deadline.clone(),
-            in_flight: Arc::clone(&self.in_flight),
+            shared: Arc::clone(&self.shared),
             limits: self.policy.limits.shortened_by(options),
             tls,
             literal: by.literal,
@@ -355,7 +386,7 @@ struct Exchange {
     service: Arc<str>,
     ops: Ops,
     deadline: LeaseDeadline,
-    in_flight: Arc<Semaphore>,
+    shared: Arc<OutgoingShared>,
     limits: OutgoingLimits,
     tls: Arc<rustls::ClientConfig>,
     literal: bool,
@@ -410,14 +441,67 @@ impl Exchange {
         result
     }
 
-    /// Connects, sends `request`, and returns the response head with the task that drives
-    /// the connection on (which holds the request's place among those in flight).
+    /// Sends `request` on a kept-alive connection to its origin, or on a new one (and again
+    /// on a new one if the kept one turns out closed before the request went out), and
+    /// returns the response head; its body holds the connection and the request's place among
+    /// those in flight until it has been read or dropped.
     async fn head(&self, request: Request<WasiBody>) -> Result<Sent, Error> {
-        let permit = Arc::clone(&self.in_flight)
+        let permit = Arc::clone(&self.shared.in_flight)
             .acquire_owned()
             .await
             .map_err(|_| Error::ConnectionLimitReached)?;
-        let (mut sender, conn) = tokio::time::timeout(self.limits.connect_timeout, async {
+        let (mut parts, body) = request.into_parts();
+        // On the wire the request line names the path only (the URL's host is in `host`).
+        parts.uri = parts.uri.path_and_query().map_or_else(
+            || hyper::Uri::from_static("/"),
+            |p| hyper::Uri::from(p.clone()),
+        );
+        let mut request = Request::from_parts(parts, body::request(body, self.deadline.clone()));
+        let origin = Origin {
+            https: self.target.https,
+            host: self.target.host.clone(),
+            port: self.target.port,
+            literal: self.literal,
+        };
+        let pool = &self.shared.pool;
+        let (mut conn, mut reused) = match pool.take(&origin) {
+            Some(conn) => (conn, true),
+            None => (self.connect().await?, false),
+        };
+        self.ops.http_connection(&self.service, reused);
+        let response = loop {
+            let send = conn.sender.try_send_request(request);
+            match tokio::time::timeout(self.limits.first_byte_timeout, send).await {
+                Err(_) => return Err(Error::ConnectionReadTimeout),
+                Ok(Ok(response)) => break response,
+                Ok(Err(mut failed)) => match failed.take_message() {
+                    // Not sent: a kept connection the server had closed. A new one.
+                    Some(unsent) if reused => {
+                        request = unsent;
+                        conn = self.connect().await?;
+                        reused = false;
+                        self.ops.http_connection(&self.service, reused);
+                    }
+                    _ => return Err(Error::from(failed.into_error())),
+                },
+            }
+        };
+        let held = Exchanged {
+            lent: Lent::new(pool, origin, conn),
+            _in_flight: permit,
+        };
+        let deadline = self.deadline.clone();
+        let between_bytes = self.limits.between_bytes_timeout;
+        let response =
+            response.map(|incoming| body::response(incoming, deadline, between_bytes, held));
+        // The connection is driven by its own task (`pool::Conn`): nothing more to drive here.
+        Ok((response, Box::new(async { Ok(()) })))
+    }
+
+    /// A new connection to the target: name lookup, address guard, TCP, TLS and HTTP/1
+    /// handshake, within the connect timeout.
+    async fn connect(&self) -> Result<Conn, Error> {
+        let (sender, conn) = tokio::time::timeout(self.limits.connect_timeout, async {
             let addrs = connect::resolve(&self.target, self.literal).await?;
             let stream = connect::connect(&self.target, &addrs, &self.tls).await?;
             hyper::client::conn::http1::handshake(TokioIo::new(stream))
@@ -426,71 +510,27 @@ impl Exchange {
         })
         .await
         .map_err(|_| Error::ConnectionTimeout)??;
-        let (mut parts, body) = request.into_parts();
-        // On the wire the request line names the path only (the URL's host is in `host`).
-        parts.uri = parts.uri.path_and_query().map_or_else(
-            || hyper::Uri::from_static("/"),
-            |p| hyper::Uri::from(p.clone()),
-        );
-        let body = body::request(body, self.deadline.clone());
-        let send = tokio::time::timeout(
-            self.limits.first_byte_timeout,
-            sender.send_request(Request::from_parts(parts, body)),
-        );
-        let mut conn = Box::pin(conn);
-        let mut send = std::pin::pin!(send);
-        // The connection is driven while the head is awaited, as `default_send_request` does.
-        let mut conn_ended = false;
-        let response = loop {
-            tokio::select! {
-                sent = &mut send => break sent.map_err(|_| Error::ConnectionReadTimeout)??,
-                ended = &mut conn, if !conn_ended => {
-                    conn_ended = true;
-                    ended?;
-                }
-            }
-        };
-        let deadline = self.deadline.clone();
-        let between_bytes = self.limits.between_bytes_timeout;
-        let response =
-            response.map(|incoming| body::response(incoming, deadline.clone(), between_bytes));
-        let driver = drive(
+        Ok(Conn::new(
+            sender,
             conn,
-            conn_ended,
-            deadline,
-            permit,
+            self.deadline.clone(),
+            self.shared.pool.idle_timeout(),
             Arc::clone(&self.service),
-        );
-        Ok((response, Box::new(driver)))
+        ))
     }
 }
 
-/// Drives a connection until it ends or the deadline passes, holding its place among the
-/// requests in flight. Its errors reach the guest through the response body; here they are
-/// logged at debug with the service, never as the crate's untagged warnings.
-async fn drive(
-    conn: impl Future<Output = Result<(), hyper::Error>>,
-    ended: bool,
-    deadline: LeaseDeadline,
-    permit: OwnedSemaphorePermit,
-    service: Arc<str>,
-) -> Result<(), Error> {
-    let _in_flight = permit;
-    if ended {
-        return Ok(());
+/// What an exchange's response body holds: the connection, given back to the pool when the
+/// body was read to its end (else closed), and the request's place among those in flight.
+struct Exchanged {
+    lent: Lent,
+    _in_flight: OwnedSemaphorePermit,
+}
+
+impl body::Held for Exchanged {
+    fn finished(&mut self) {
+        self.lent.returned();
     }
-    tokio::select! {
-        biased;
-        () = deadline.passed() => {
-            tracing::debug!(service = &*service, "outgoing HTTP connection dropped at the lease deadline");
-        }
-        result = conn => {
-            if let Err(error) = result {
-                tracing::debug!(service = &*service, %error, "outgoing HTTP connection failed");
-            }
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -37,7 +37,7 @@ fn hooks(
         deadline,
         ops.clone(),
         Arc::clone(&policy),
-        OutgoingHttp::in_flight_limit(&policy),
+        OutgoingShared::new(&policy),
     );
     (hooks, move_deadline, ops)
 }
@@ -245,8 +245,8 @@ async fn https_trusts_the_services_own_ca() {
     assert!(matches!(refused, Err(Error::Tls(_))), "{:?}", refused.err());
 }
 
-/// Past `max-concurrent` requests in flight, the next waits for one to end: it connects only
-/// once the first's response has been read.
+/// Past `max-concurrent` requests in flight, the next waits for one to end: it is sent only
+/// once the first's response has been read, on the first's connection, kept alive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_past_the_concurrency_limit_wait_their_turn() {
     let server = Server::start(Behaviour {
@@ -271,14 +271,21 @@ async fn requests_past_the_concurrency_limit_wait_their_turn() {
         Box::new(async { Ok(()) }),
     )));
     let first = first.await.unwrap().unwrap();
-    // The first is still in flight (its body unread): the second has not connected.
-    assert_eq!(server.connections(), 1);
+    // The first is still in flight (its body unread): the second has not been sent.
+    assert_eq!(server.requests().len(), 1);
     assert_eq!(read(first).await.unwrap(), "ok");
     assert_eq!(read(second.await.unwrap().unwrap()).await.unwrap(), "ok");
-    assert_eq!(server.connections(), 2);
+    assert_eq!(server.requests().len(), 2);
+    assert_eq!(server.connections(), 1, "kept alive");
     let metrics = ops.render();
     assert!(
         metrics.contains(r#"vvm_http_outgoing_request_duration_seconds_count{service="svc"} 2"#),
         "{metrics}"
     );
+    for line in [
+        r#"vvm_http_outgoing_connections_total{service="svc",reused="false"} 1"#,
+        r#"vvm_http_outgoing_connections_total{service="svc",reused="true"} 1"#,
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
 }

@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::{self, ConfigError, GrantConfig, KvLimitsConfig, OnFailure, Route, Settings};
+use crate::config::{
+    self, ConfigError, GrantConfig, InstanceReuseConfig, KvLimitsConfig, OnFailure, Route, Settings,
+};
 use crate::interfaces::{HttpPolicy, IncomingLimits, KvLimits, OutgoingLimits, ServiceConfig};
 
 /// Configuration of the Wasm runtime. `RuntimeConfig::new(dir)` gives the defaults.
@@ -165,6 +167,7 @@ fn grants(
         kv: grant.kv,
         config: ServiceConfig::resolve(name, &grant.config)?,
         schedule: grant.schedule_settings(name)?,
+        instance_reuse: grant.instance_reuse(),
         route: match &grant.route {
             None => None,
             Some(route) => Some(Route::parse(route).map_err(|reason| ConfigError::Invalid {
@@ -214,6 +217,9 @@ pub struct Grants {
     /// Its schedule (`schedule` and the keys a scheduled service reads), if it has one: run
     /// once per fire time (`scheduler`) rather than for as long as it leads.
     pub schedule: Option<crate::config::ScheduleSettings>,
+    /// How many requests an instance of it serves, and how long one waits idle, where it sets
+    /// its own (the host-wide `[incoming-http]` ones otherwise).
+    pub instance_reuse: InstanceReuseConfig,
 }
 
 impl Grants {
