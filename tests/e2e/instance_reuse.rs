@@ -34,6 +34,21 @@ fn count(addr: SocketAddr, service: &str) -> Count {
     }
 }
 
+/// GET `/NAME/count` on `addr` as [`count`], then, unless `last` (its instance has served its
+/// share), waits until the instance waits idle again in the pool (`/metrics` at `metrics`): an
+/// instance is given back once its call has returned, which may be a moment after the client
+/// has the whole response.
+fn count_then_idle(addr: SocketAddr, metrics: &str, service: &str, last: bool) -> Count {
+    let answer = count(addr, service);
+    if !last {
+        let idle = format!("vvm_http_instances_idle{{service={service}}}");
+        crate::ops::metrics_until(&format!("http://{metrics}"), |m| {
+            m.get(&idle).copied().unwrap_or_default() >= 1.0
+        });
+    }
+    answer
+}
+
 fn ns(counts: &[Count]) -> Vec<u32> {
     counts.iter().map(|c| c.n).collect()
 }
@@ -48,7 +63,7 @@ fn an_instance_serves_its_reuse_count_of_requests_and_the_default_is_one() {
     let metrics_addr = free_addr().to_string();
     let dir = hello_dir(
         &["hello", "fresh"],
-        "[service.hello]\nmax-instance-reuse-count = 3\n",
+        "[service.hello]\nmax-instance-reuse-count = 3\nidle-instance-timeout = \"1h\"\n",
     );
     let host = serve_with(
         "a",
@@ -57,7 +72,9 @@ fn an_instance_serves_its_reuse_count_of_requests_and_the_default_is_one() {
         &["--lease", "5s", "--metrics-addr", &metrics_addr],
     );
     host.wait_for(&["services started"]);
-    let reused: Vec<Count> = (0..7).map(|_| count(addr, "hello")).collect();
+    let reused: Vec<Count> = (0..7)
+        .map(|i| count_then_idle(addr, &metrics_addr, "hello", i % 3 == 2))
+        .collect();
     assert_eq!(ns(&reused), [1, 2, 3, 1, 2, 3, 1]);
     for group in reused.chunks(3) {
         assert!(
@@ -139,8 +156,9 @@ fn a_trap_a_memory_cap_hit_and_a_timeout_each_leave_the_next_request_a_fresh_ins
         &["--lease", "5s", "--metrics-addr", &metrics_addr],
     );
     host.wait_for(&["services started"]);
+    let idle_then = |last| count_then_idle(addr, &metrics_addr, "hello", last);
     for (path, status) in [("trap", 500), ("grow", 500), ("spin", 504)] {
-        let before = [count(addr, "hello"), count(addr, "hello")];
+        let before = [idle_then(false), idle_then(false)];
         assert_eq!(before[1].n, before[0].n + 1, "reused");
         let (answered, _, body) = get(addr, &format!("/hello/{path}"));
         assert_eq!(answered, status, "/hello/{path}: {body}");
@@ -156,7 +174,7 @@ fn a_trap_a_memory_cap_hit_and_a_timeout_each_leave_the_next_request_a_fresh_ins
             .unwrap_or_default()
     };
     let was = retired(&crate::ops::metrics(&base));
-    let last = count(addr, "hello");
+    let last = idle_then(false);
     crate::ops::metrics_until(&base, |m| retired(m) > was);
     let next = count(addr, "hello");
     assert_eq!(next.n, 1, "the idle instance was dropped");

@@ -203,7 +203,7 @@ fn counts_across_a_crash(toml: &str) {
         .current_dir(dir.path())
         .output()
         .unwrap();
-    assert!(stored.status.success());
+    assert!(stored.status.success(), "{stored:?}");
     let stored: u64 = String::from_utf8_lossy(&stored.stdout)
         .trim()
         .parse()

@@ -45,17 +45,18 @@ pub(crate) trait BodyEnds: Unpin {
 pub(crate) struct DeadlineBody<B, X> {
     inner: B,
     deadline: LeaseDeadline,
-    passed: Pin<Box<dyn Future<Output = ()> + Send>>,
+    /// Wakes a body that waits for its next frame at the deadline; made at the first wait (a
+    /// body whose frames are all ready at once never needs it).
+    passed: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
     ends: X,
 }
 
 impl<B, X: BodyEnds> DeadlineBody<B, X> {
     pub(crate) fn new(inner: B, deadline: LeaseDeadline, ends: X) -> Self {
-        let watched = deadline.clone();
         Self {
             inner,
             deadline,
-            passed: Box::pin(async move { watched.passed().await }),
+            passed: None,
             ends,
         }
     }
@@ -104,7 +105,11 @@ where
             }
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
             Poll::Pending => {
-                if this.passed.as_mut().poll(cx).is_ready() {
+                let passed = this.passed.get_or_insert_with(|| {
+                    let watched = this.deadline.clone();
+                    Box::pin(async move { watched.passed().await })
+                });
+                if passed.as_mut().poll(cx).is_ready() {
                     return Poll::Ready(Some(Err(this.ends.fenced())));
                 }
                 this.ends.poll_ended(cx).map(|e| Some(Err(e)))

@@ -7,7 +7,8 @@
 //! `vvm_http_listen_queue` (waiting in the machine's shared queue); and of the instances that
 //! serve them: `vvm_http_instances_created_total{service}`,
 //! `vvm_http_instance_reuses_total{service}` (requests served by an instance kept from an
-//! earlier one) and `vvm_http_instance_requests{service}` (how many each served in its life).
+//! earlier one), `vvm_http_instances_idle{service}` and `vvm_http_instance_requests{service}`
+//! (how many each served in its life).
 
 use std::time::Duration;
 
@@ -48,6 +49,7 @@ pub(super) struct IncomingMetrics {
     created: Family<ServiceLabels, Counter>,
     reused: Family<ServiceLabels, Counter>,
     served: Family<ServiceLabels, Histogram, fn() -> Histogram>,
+    idle: Family<ServiceLabels, Gauge>,
     open: Gauge,
     closed: Family<ClosedLabels, Counter>,
     queue: Gauge,
@@ -63,6 +65,7 @@ impl IncomingMetrics {
             created: Family::default(),
             reused: Family::default(),
             served: Family::new_with_constructor(requests_histogram),
+            idle: Family::default(),
             open: Gauge::default(),
             closed: Family::default(),
             queue: Gauge::default(),
@@ -79,6 +82,11 @@ impl IncomingMetrics {
             "vvm_http_instance_reuses",
             "Requests of an HTTP service served by an instance kept from an earlier request",
             metrics.reused.clone(),
+        );
+        registry.register(
+            "vvm_http_instances_idle",
+            "Instances of an HTTP service waiting for their next request",
+            metrics.idle.clone(),
         );
         registry.register(
             "vvm_http_instance_requests",
@@ -124,39 +132,31 @@ impl IncomingMetrics {
         metrics
     }
 
-    /// A request routed to `service` was answered `status` (none: aborted) after `took`.
-    pub fn request(&self, service: &str, status: Option<u16>, took: Duration) {
-        let class = match status {
-            Some(s @ 100..=599) => CLASSES[usize::from(s / 100 - 1)],
-            Some(_) | None => "aborted",
-        };
-        self.requests
-            .get_or_create(&RequestLabels {
-                service: service.to_owned(),
-                class,
-            })
-            .inc();
-        self.duration
-            .get_or_create(&ServiceLabels::of(service))
-            .observe(took.as_secs_f64());
-    }
-
     /// This host accepted a connection on `http-addr`.
     pub fn connection_accepted(&self) {
         self.connections.inc();
     }
 
-    /// A request of `service` was served by an instance `reused`, or a new one.
-    pub fn instance(&self, service: &str, reused: bool) {
-        let family = if reused { &self.reused } else { &self.created };
-        family.get_or_create(&ServiceLabels::of(service)).inc();
-    }
-
-    /// An instance of `service` that served `requests` was dropped.
-    pub fn instance_retired(&self, service: &str, requests: u32) {
-        self.served
-            .get_or_create(&ServiceLabels::of(service))
-            .observe(f64::from(requests));
+    /// The series of HTTP service `service`, resolved once (a request touches them without
+    /// a lookup).
+    pub fn service(&self, service: &str) -> ServiceHttpMetrics {
+        let labels = ServiceLabels::of(service);
+        ServiceHttpMetrics {
+            requests: CLASSES.map(|class| {
+                self.requests
+                    .get_or_create(&RequestLabels {
+                        service: service.to_owned(),
+                        class,
+                    })
+                    .clone()
+            }),
+            duration: self.duration.get_or_create(&labels).clone(),
+            in_flight: self.in_flight.get_or_create(&labels).clone(),
+            created: self.created.get_or_create(&labels).clone(),
+            reused: self.reused.get_or_create(&labels).clone(),
+            served: self.served.get_or_create(&labels).clone(),
+            idle: self.idle.get_or_create(&labels).clone(),
+        }
     }
 
     /// `n` connections are open.
@@ -174,13 +174,6 @@ impl IncomingMetrics {
     /// The shared queue holds `depth` connections.
     pub fn queue(&self, depth: u64) {
         self.queue.set(i64::try_from(depth).unwrap_or(i64::MAX));
-    }
-
-    /// The in-flight gauge of `service`.
-    pub fn in_flight(&self, service: &str) -> Gauge {
-        self.in_flight
-            .get_or_create(&ServiceLabels::of(service))
-            .clone()
     }
 
     /// Every series of HTTP service `service` exists from its load, at 0.
@@ -209,10 +202,55 @@ impl IncomingMetrics {
         let _ = self.created.remove(&ServiceLabels::of(service));
         let _ = self.reused.remove(&ServiceLabels::of(service));
         let _ = self.served.remove(&ServiceLabels::of(service));
+        let _ = self.idle.remove(&ServiceLabels::of(service));
     }
 }
 
 /// 1 to 2^20 requests by 4×, then +Inf.
 fn requests_histogram() -> Histogram {
     Histogram::new(exponential_buckets(1.0, 4.0, 11))
+}
+
+/// The series of one HTTP service, resolved: what a request counts in.
+#[derive(Clone, Debug)]
+pub struct ServiceHttpMetrics {
+    /// By [`CLASSES`].
+    requests: [Counter; 6],
+    duration: Histogram,
+    in_flight: Gauge,
+    created: Counter,
+    reused: Counter,
+    served: Histogram,
+    /// Its instances waiting for their next request (the pool sets it).
+    pub idle: Gauge,
+}
+
+impl ServiceHttpMetrics {
+    /// A request was answered `status` (none: aborted) after `took`.
+    pub fn request(&self, status: Option<u16>, took: Duration) {
+        let class = match status {
+            Some(s @ 100..=599) => usize::from(s / 100 - 1),
+            Some(_) | None => CLASSES.len() - 1,
+        };
+        self.requests[class].inc();
+        self.duration.observe(took.as_secs_f64());
+    }
+
+    /// A request's handler runs until the guard is dropped.
+    pub fn in_flight(&self) -> super::RunningGuard {
+        self.in_flight.inc();
+        super::RunningGuard {
+            gauge: self.in_flight.clone(),
+        }
+    }
+
+    /// A request was served by an instance `reused`, or a new one.
+    pub fn instance(&self, reused: bool) {
+        if reused { &self.reused } else { &self.created }.inc();
+    }
+
+    /// An instance that served `requests` was dropped.
+    pub fn instance_retired(&self, requests: u32) {
+        self.served.observe(f64::from(requests));
+    }
 }

@@ -24,6 +24,7 @@ mod schedule;
 
 pub use health::Health;
 pub use http::{Endpoint, EndpointError};
+pub use incoming::ServiceHttpMetrics;
 pub use kv::{KvLimit, KvOutcome};
 pub use lease::RenewalOutcome;
 pub use outgoing::HttpOutcome;
@@ -215,18 +216,9 @@ impl Ops {
         self.inner.metrics.incoming.connection_accepted();
     }
 
-    /// A request of HTTP service `service` was served by an instance `reused` from an earlier
-    /// request, or a new one.
-    pub fn http_instance(&self, service: &str, reused: bool) {
-        self.inner.metrics.incoming.instance(service, reused);
-    }
-
-    /// An instance of HTTP service `service` that served `requests` was dropped.
-    pub fn http_instance_retired(&self, service: &str, requests: u32) {
-        self.inner
-            .metrics
-            .incoming
-            .instance_retired(service, requests);
+    /// The series of HTTP service `service`, resolved once for its requests.
+    pub fn http_service(&self, service: &str) -> ServiceHttpMetrics {
+        self.inner.metrics.incoming.service(service)
     }
 
     /// `n` connections are open on `http-addr` now.
@@ -258,19 +250,6 @@ impl Ops {
     /// a new one.
     pub fn http_connection(&self, service: &str, reused: bool) {
         self.inner.metrics.http.connection(service, reused);
-    }
-
-    /// A request routed to HTTP service `service` was answered `status` (none: the connection
-    /// was aborted before a response head) `took` after its admission.
-    pub fn http_served(&self, service: &str, status: Option<u16>, took: Duration) {
-        self.inner.metrics.incoming.request(service, status, took);
-    }
-
-    /// Counts one request of HTTP service `service` in flight until dropped.
-    pub fn http_in_flight(&self, service: &str) -> RunningGuard {
-        let gauge = self.inner.metrics.incoming.in_flight(service);
-        gauge.inc();
-        RunningGuard { gauge }
     }
 
     /// The Prometheus (`OpenMetrics`) text exposition of every metric, as of now.

@@ -246,6 +246,10 @@ impl Conn {
     /// wait between two requests. Never while a request is in progress.
     pub(crate) async fn expired(&self, header: Duration, keep_alive: Duration) -> Closed {
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        // One timer, moved as the state changes (a request begins and ends many times on a
+        // kept-alive connection).
+        let timer = tokio::time::sleep_until(self.epoch);
+        tokio::pin!(timer);
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
@@ -270,9 +274,9 @@ impl Conn {
             match due {
                 None => changed.await,
                 Some((at, why)) => {
-                    let at = self.epoch + Duration::from_millis(at);
+                    timer.as_mut().reset(self.epoch + Duration::from_millis(at));
                     tokio::select! {
-                        () = tokio::time::sleep_until(at) => return why,
+                        () = &mut timer => return why,
                         () = &mut changed => {}
                     }
                 }

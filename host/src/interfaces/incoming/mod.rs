@@ -217,6 +217,7 @@ impl<S: Sandboxes> HttpServer<S> {
             return None;
         }
         let reuse = InstanceReuse::p2(sandboxes.instance_reuse(&name));
+        let metrics = env.ops.http_service(&env.name);
         tracing::info!(
             service = name,
             %route,
@@ -227,7 +228,13 @@ impl<S: Sandboxes> HttpServer<S> {
             route,
             env: Arc::clone(env),
             pre: pre.clone(),
-            pool: Pool::new(env, reuse, limits.max_concurrent as usize),
+            pool: Pool::new(
+                env,
+                reuse,
+                limits.max_concurrent as usize,
+                metrics.idle.clone(),
+            ),
+            metrics,
             permits: Arc::new(Semaphore::new(limits.max_concurrent as usize)),
             requests: TaskTracker::new(),
         });

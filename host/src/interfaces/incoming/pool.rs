@@ -26,6 +26,7 @@
 
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
@@ -34,6 +35,7 @@ use wasmtime_wasi_http::p2::bindings::Proxy;
 
 use super::limits::InstanceReuse;
 use crate::interfaces::env::ServiceEnv;
+use crate::ops::ServiceHttpMetrics;
 
 /// One instance of an HTTP service: its store, its exports, and the requests it has served;
 /// counted in `/metrics` when dropped.
@@ -42,16 +44,14 @@ pub(super) struct Instance<T: 'static> {
     pub proxy: Proxy,
     /// Requests begun on it so far.
     pub served: u32,
-    /// Its service's (for the count).
-    pub env: Arc<ServiceEnv>,
+    /// Its service's series (for the count).
+    pub metrics: ServiceHttpMetrics,
 }
 
 impl<T: 'static> Instance<T> {
     /// Drops it for good, counted with the requests it served.
     pub(super) fn retire(self) {
-        self.env
-            .ops
-            .http_instance_retired(&self.env.name, self.served);
+        self.metrics.instance_retired(self.served);
     }
 }
 
@@ -83,6 +83,8 @@ pub(super) struct Pool<I> {
     state: Mutex<State<I>>,
     /// Wakes the reaper: an instance was given back, or the pool closed.
     changed: Arc<Notify>,
+    /// How many wait idle, for `/metrics`.
+    gauge: Gauge,
     reaper: std::sync::OnceLock<AbortOnDropHandle<()>>,
 }
 
@@ -95,9 +97,15 @@ struct State<I> {
 
 impl<I: Served> Pool<I> {
     /// The pool of `env`'s service, reusing its instances as `reuse` says, keeping at most
-    /// `most` idle.
-    pub(super) fn new(env: &Arc<ServiceEnv>, reuse: InstanceReuse, most: usize) -> Arc<Self> {
+    /// `most` idle; how many wait is set on `gauge`.
+    pub(super) fn new(
+        env: &Arc<ServiceEnv>,
+        reuse: InstanceReuse,
+        most: usize,
+        gauge: Gauge,
+    ) -> Arc<Self> {
         Arc::new(Self {
+            gauge,
             reuse,
             most,
             env: Arc::clone(env),
@@ -121,7 +129,9 @@ impl<I: Served> Pool<I> {
         if state.closed || self.env.deadline.has_passed() {
             return None;
         }
-        state.idle.pop().map(|(instance, _)| instance)
+        let taken = state.idle.pop().map(|(instance, _)| instance);
+        self.gauge.set(gauge_value(state.idle.len()));
+        taken
     }
 
     /// Keeps `instance`, whose call returned, for the next request; dropped instead when it
@@ -137,7 +147,9 @@ impl<I: Served> Pool<I> {
             instance.retire();
             return;
         }
+        let first = state.idle.is_empty();
         state.idle.push((instance, Instant::now()));
+        self.gauge.set(gauge_value(state.idle.len()));
         drop(state);
         self.reaper.get_or_init(|| {
             AbortOnDropHandle::new(tokio::spawn(reap(
@@ -146,7 +158,11 @@ impl<I: Served> Pool<I> {
                 Arc::clone(&self.changed),
             )))
         });
-        self.changed.notify_one();
+        // The reaper sleeps until the oldest idle instance's timeout, which this one's is not
+        // before: it needs waking only when it had none to wait for.
+        if first {
+            self.changed.notify_one();
+        }
     }
 
     /// Drops every idle instance; none is taken or kept from now on.
@@ -154,6 +170,7 @@ impl<I: Served> Pool<I> {
         let idle = {
             let mut state = self.lock();
             state.closed = true;
+            self.gauge.set(0);
             std::mem::take(&mut state.idle)
         };
         // Outside the lock: dropping a store unmaps its memory.
@@ -173,6 +190,7 @@ impl<I: Served> Pool<I> {
                 .into_iter()
                 .partition(|(_, since)| *since + timeout <= now);
             state.idle = kept;
+            self.gauge.set(gauge_value(state.idle.len()));
             expired
         };
         for (instance, _) in expired {
@@ -187,6 +205,11 @@ impl<I: Served> Pool<I> {
     fn idle(&self) -> usize {
         self.lock().idle.len()
     }
+}
+
+/// `n` as a gauge's value.
+fn gauge_value(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 /// Drops the idle instances of `pool` as they pass their idle timeout, and every one at the
@@ -264,7 +287,7 @@ mod tests {
             served,
             dropped: Arc::clone(&dropped),
         };
-        let pool = Pool::new(&env, reuse(3), 2);
+        let pool = Pool::new(&env, reuse(3), 2, Gauge::default());
         pool.give_back(double(1));
         pool.give_back(double(2));
         pool.give_back(double(1));
@@ -297,7 +320,7 @@ mod tests {
             served: 1,
             dropped: Arc::clone(&dropped),
         };
-        let pool = Pool::new(&env, reuse(100), 8);
+        let pool = Pool::new(&env, reuse(100), 8, Gauge::default());
         pool.give_back(double());
         pool.give_back(double());
         clock.advance(Duration::from_mins(2));
@@ -309,7 +332,7 @@ mod tests {
         assert_eq!(dropped.load(Ordering::SeqCst), 3, "none kept past it");
 
         let (_clock, env) = crate::interfaces::env::tests::env().await;
-        let pool = Pool::new(&env, reuse(100), 8);
+        let pool = Pool::new(&env, reuse(100), 8, Gauge::default());
         pool.give_back(double());
         pool.close();
         assert_eq!(dropped.load(Ordering::SeqCst), 4);

@@ -14,6 +14,7 @@ use super::pool::{Instance, Pool};
 use super::sandboxes::Sandboxes;
 use crate::config::{Route, pick_route};
 use crate::interfaces::env::ServiceEnv;
+use crate::ops::ServiceHttpMetrics;
 
 /// One HTTP service being served, during one leadership; `T` its stores' data.
 pub(super) struct Entry<T: 'static> {
@@ -25,6 +26,8 @@ pub(super) struct Entry<T: 'static> {
     pub pre: ProxyPre<T>,
     /// Its instances waiting for their next request.
     pub pool: Arc<Pool<Instance<T>>>,
+    /// Its series of `/metrics`, resolved.
+    pub metrics: ServiceHttpMetrics,
     /// Its requests in flight at once.
     pub permits: Arc<Semaphore>,
     /// Its handlers' calls still running.

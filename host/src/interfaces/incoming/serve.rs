@@ -73,7 +73,7 @@ pub(super) async fn serve<S: Sandboxes>(
     let admitted = Instant::now();
     let answer = handle(&shared, entry.clone(), req).await;
     let status = answer.as_ref().ok().map(|r| r.status().as_u16());
-    (entry.env.ops).http_served(&entry.env.name, status, admitted.elapsed());
+    entry.metrics.request(status, admitted.elapsed());
     answer
 }
 
@@ -139,7 +139,7 @@ async fn handle<S: Sandboxes>(
         timeout_at,
         grace: shared.sandboxes.grace_period(),
         _permit: permit,
-        _in_flight: entry.env.ops.http_in_flight(&entry.env.name),
+        _in_flight: entry.metrics.in_flight(),
     };
     entry.requests.spawn(call.run(ready, request, out));
     let head = tokio::select! {
@@ -241,7 +241,6 @@ impl<T: View> Call<T> {
         request: Resource<HostIncomingRequest>,
         out: Resource<HostResponseOutparam>,
     ) {
-        let env = &self.entry.env;
         let (mut store, proxy, served) = match ready {
             Ready::Reused(Instance {
                 store,
@@ -249,7 +248,7 @@ impl<T: View> Call<T> {
                 served,
                 ..
             }) => {
-                env.ops.http_instance(&env.name, true);
+                self.entry.metrics.instance(true);
                 (store, Some(proxy), served)
             }
             Ready::Fresh(store) => (store, None, 0),
@@ -265,7 +264,7 @@ impl<T: View> Call<T> {
                         .instantiate_async(&mut store)
                         .await
                         .inspect_err(|_| self.unstarted.cancel())?;
-                    env.ops.http_instance(&env.name, false);
+                    self.entry.metrics.instance(false);
                     proxy
                 };
                 proxy
@@ -295,7 +294,7 @@ impl<T: View> Call<T> {
                     store,
                     proxy,
                     served: served + 1,
-                    env: Arc::clone(env),
+                    metrics: self.entry.metrics.clone(),
                 };
                 self.entry.pool.give_back(instance);
                 Ok(())
@@ -306,7 +305,7 @@ impl<T: View> Call<T> {
                 // Never reused: it trapped, was fenced, or ran past its time.
                 drop(store);
                 if proxy_made(served, &self.unstarted) {
-                    env.ops.http_instance_retired(&env.name, served + 1);
+                    self.entry.metrics.instance_retired(served + 1);
                 }
                 Err(reason)
             }

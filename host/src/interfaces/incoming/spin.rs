@@ -23,13 +23,16 @@ pub(super) fn set_headers(
     uri: &Uri,
     client: Option<SocketAddr>,
 ) {
-    let forged: Vec<HeaderName> = headers
-        .keys()
-        .filter(|name| name.as_str().starts_with(PREFIX))
-        .cloned()
-        .collect();
-    for name in forged {
-        headers.remove(name);
+    // Looked for first: a client that sends none (every honest one) costs no allocation.
+    if headers.keys().any(|name| name.as_str().starts_with(PREFIX)) {
+        let forged: Vec<HeaderName> = headers
+            .keys()
+            .filter(|name| name.as_str().starts_with(PREFIX))
+            .cloned()
+            .collect();
+        for name in forged {
+            headers.remove(name);
+        }
     }
     let Some(matched) = route.capture(uri.path()) else {
         return;
@@ -39,33 +42,25 @@ pub(super) fn set_headers(
         .and_then(|h| h.to_str().ok())
         .unwrap_or("localhost");
     let path_and_query = uri.path_and_query().map_or("/", |p| p.as_str());
-    let mut values = vec![
-        ("spin-path-info".to_owned(), matched.path_info),
-        (
-            "spin-full-url".to_owned(),
-            format!("http://{host}{path_and_query}"),
-        ),
-        ("spin-matched-route".to_owned(), route.matched().to_owned()),
-        ("spin-base-path".to_owned(), "/".to_owned()),
-        (
-            "spin-raw-component-route".to_owned(),
-            route.raw().to_owned(),
-        ),
-        (
-            "spin-component-route".to_owned(),
-            route.component().to_owned(),
-        ),
-    ];
+    let full_url = format!("http://{host}{path_and_query}");
+    let mut set = |name: &'static str, value: &str| {
+        if let Ok(value) = HeaderValue::from_str(value) {
+            headers.insert(HeaderName::from_static(name), value);
+        }
+    };
+    set("spin-path-info", &matched.path_info);
+    set("spin-full-url", &full_url);
+    set("spin-matched-route", route.matched());
+    set("spin-base-path", "/");
+    set("spin-raw-component-route", route.raw());
+    set("spin-component-route", route.component());
     if let Some(client) = client {
-        values.push(("spin-client-addr".to_owned(), client.to_string()));
+        set("spin-client-addr", &client.to_string());
     }
     for (name, value) in matched.named {
         let name = format!("{PREFIX}path-match-{}", name.replace('_', "-"));
-        values.push((name.to_ascii_lowercase(), value));
-    }
-    for (name, value) in values {
         if let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(name.as_bytes()),
+            HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes()),
             HeaderValue::from_str(&value),
         ) {
             headers.insert(name, value);
