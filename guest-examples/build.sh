@@ -35,7 +35,7 @@ build_rust() {
     cp "$wasm/rust_http.wasm" "$out/rust-http.wasm"
     # test guests
     local t
-    for t in trap spin hog nosy effects journal kv_flood kv_bench other_world leak http_client http_hello http_both foreign_import wasi_hello spin_sdk_app cron_sdk_app; do
+    for t in trap spin hog nosy effects journal kv_flood kv_bench other_world leak http_client http_hello http_both foreign_import wasi_hello spin_sdk_app cron_sdk_app p3_http p3_command spin7_app; do
         cp "$wasm/test_$t.wasm" "$out/test/${t//_/-}.wasm"
     done
     # A binary, as wstd's README makes an HTTP server.
@@ -79,18 +79,20 @@ build_python() {
     fi
 }
 
-# The Spin Python SDK's test guest, with that SDK's own pinned componentize-py (older than the
-# examples'), in its own .venv-spin/, (re)installed when its requirements.txt is newer.
-# componentize-py finds the world `spin-http` in the venv's spin_sdk package (VIRTUAL_ENV).
+# A Spin Python SDK's test guest, NAME, with that SDK's own pinned componentize-py, in its own
+# VENV, (re)installed when its requirements.txt is newer; built for WORLD, which componentize-py
+# finds in the venv's spin_sdk package (VIRTUAL_ENV).
+#   spin-python-app: spin-sdk 3.4.1 (WASI 0.2), world spin-http
+#   spin5-python-app: spin-sdk 5.0.0 (WASI 0.3), world spin:up/http-trigger@4.1.0
 build_spin_python() {
-    local name=spin-python-app venv="$here/.venv-spin" src="$here/test-guests/spin-python-app"
+    local name=$1 venv="$here/$2" world=$3 src="$here/test-guests/$1"
     if stale "$venv/.installed" "$src/requirements.txt"; then
         python3 -m venv "$venv"
         "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$src/requirements.txt"
         touch "$venv/.installed"
     fi
     if stale "$out/test/$name.wasm" "$src"/*.py "$venv/.installed"; then
-        VIRTUAL_ENV="$venv" "$venv/bin/componentize-py" --quiet -w spin-http componentize \
+        VIRTUAL_ENV="$venv" "$venv/bin/componentize-py" --quiet -w "$world" componentize \
             -p "$src" app -o "$out/test/$name.wasm.tmp"
         mv "$out/test/$name.wasm.tmp" "$out/test/$name.wasm"
     fi
@@ -137,7 +139,8 @@ build_python python-ticker service
 build_python python-http http-service
 build_python fire-python wasi:cli/command test
 build_python python-hello wasi:http/proxy@0.2.12 test
-build_spin_python
+build_spin_python spin-python-app .venv-spin spin-http
+build_spin_python spin5-python-app .venv-spin5 spin:up/http-trigger@4.1.0
 install_js
 build_js js-ticker ticker.js service
 build_js js-http http.js http-service-js

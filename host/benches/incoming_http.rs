@@ -1,9 +1,11 @@
 //! Incoming HTTP (SPEC §10, §12): requests per second and p50/p99 latency of hello-world
-//! `wasi:http/proxy` components served by `vvm-host serve` (fencing on, as always) beside
+//! HTTP components (WASI 0.2 and 0.3) served by `vvm-host serve` (fencing on, as always) beside
 //! `wasmtime serve` on the same component under the same load, in one run: the Rust hello
 //! (`test/http-hello`) with a fresh instance per request and with instance reuse
 //! (`max-instance-reuse-count` 128 on both), and the Python hello (`test/python-hello`,
-//! componentize-py) with reuse and without; the counter example beside the hello, with reuse;
+//! componentize-py) with reuse and without, a WASI 0.3 Rust hello (`test/p3-http`, `wasip3`)
+//! with the defaults for it (128 requests, 16 at once); the counter example beside the hello,
+//! with reuse;
 //! then the time from a graceful stop (SIGTERM) of the leader, and from its freezing
 //! (SIGSTOP), to the first 200 from its successor, with the requests refused or unanswered.
 //!
@@ -60,16 +62,23 @@ fn main() {
     } else {
         let python = dir.path().join("python-hello.wasm");
         std::fs::copy(guests::guest("test/python-hello"), &python).expect("copy the guest");
+        let p3 = dir.path().join("p3-hello.wasm");
+        std::fs::copy(guests::guest("test/p3-http"), &p3).expect("copy the guest");
+        let rust = dir.path().join("rust-hello.wasm");
+        std::fs::copy(&hello, &rust).expect("copy the guest");
         for (what, component, reuse) in [
-            ("Rust hello, a fresh instance per request", &hello, None),
-            ("Rust hello, instance reuse 128", &hello, Some(128)),
+            ("Rust hello, a fresh instance per request", &rust, None),
+            ("Rust hello, instance reuse 128", &rust, Some(128)),
             ("Python hello, instance reuse 128", &python, Some(128)),
             ("Python hello, a fresh instance per request", &python, None),
+            (
+                "WASI 0.3 Rust hello, the defaults (128, 16 at once)",
+                &p3,
+                None,
+            ),
         ] {
             println!("\n## {what}");
-            if component != &hello {
-                std::fs::copy(component, &hello).expect("copy the guest");
-            }
+            std::fs::copy(component, &hello).expect("copy the guest");
             load_side_by_side(dir.path(), &hello, reuse);
         }
         std::fs::copy(guests::guest("test/http-hello"), &hello).expect("copy the guest");
@@ -218,8 +227,10 @@ fn load_side_by_side(dir: &Path, hello: &Path, reuse: Option<u32>) {
         let addr = free_addr();
         let reuse = reuse.map(|n| format!("--max-instance-reuse-count={n}"));
         let child = Command::new(bin)
-            // `-Scli`: the guest's std imports wasi:cli (its environment), as vvm-host links it.
-            .args(["serve", "-Scli", "--addr", &addr.to_string()])
+            // `-Scli`: the guest's std imports wasi:cli (its environment), as vvm-host links it;
+            // `-Sp3 -Wcomponent-model-async`: WASI 0.3, which vvm-host always offers.
+            .args(["serve", "-Scli", "-Sp3", "-Wcomponent-model-async"])
+            .args(["--addr", &addr.to_string()])
             .args(reuse)
             .arg(hello)
             .stdout(Stdio::null())

@@ -105,3 +105,57 @@ pub fn spinning_at_instantiation() -> Vec<u8> {
     component.section(&component_exports);
     component.finish()
 }
+
+/// A component that exports `run` lifted `async` without a callback: it needs the component
+/// model's *stackful* async, which wasmtime 48 does not enable by default (no toolchain that
+/// targets WASI 0.2 or 0.3 emits it).
+pub fn stackful_async() -> Vec<u8> {
+    use wasm_encoder::{
+        Alias, CanonicalFunctionSection, CanonicalOption, CodeSection, Component,
+        ComponentAliasSection, ComponentExportKind, ComponentExportSection, ComponentTypeSection,
+        ComponentValType, ExportKind, ExportSection, Function, FunctionSection, InstanceSection,
+        Instruction, Module, ModuleSection, TypeSection,
+    };
+    let mut module = Module::new();
+    let mut types = TypeSection::new();
+    types.ty().function([], []);
+    let mut functions = FunctionSection::new();
+    functions.function(0);
+    let mut exports = ExportSection::new();
+    exports.export("run", ExportKind::Func, 0);
+    let mut code = CodeSection::new();
+    let mut run = Function::new([]);
+    run.instruction(&Instruction::End);
+    code.function(&run);
+    module
+        .section(&types)
+        .section(&functions)
+        .section(&exports)
+        .section(&code);
+
+    let mut component = Component::new();
+    component.section(&ModuleSection(&module));
+    let mut instances = InstanceSection::new();
+    instances.instantiate(0, Vec::<(&str, wasm_encoder::ModuleArg)>::new());
+    component.section(&instances);
+    let mut aliases = ComponentAliasSection::new();
+    aliases.alias(Alias::CoreInstanceExport {
+        instance: 0,
+        kind: ExportKind::Func,
+        name: "run",
+    });
+    component.section(&aliases);
+    let mut component_types = ComponentTypeSection::new();
+    component_types
+        .function()
+        .params(Vec::<(&str, ComponentValType)>::new())
+        .result(None);
+    component.section(&component_types);
+    let mut canonical = CanonicalFunctionSection::new();
+    canonical.lift(0, 0, [CanonicalOption::Async]);
+    component.section(&canonical);
+    let mut component_exports = ComponentExportSection::new();
+    component_exports.export("run", ComponentExportKind::Func, 0, None);
+    component.section(&component_exports);
+    component.finish()
+}

@@ -30,6 +30,7 @@ mod spread_http;
 mod stateful_http;
 mod systemd;
 mod tools;
+mod wasi3;
 
 use std::path::Path;
 use std::time::Duration;

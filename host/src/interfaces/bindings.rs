@@ -52,6 +52,32 @@ pub(crate) mod spin {
     });
 }
 
+/// `spin:key-value@3.0.0`, which components made with Spin's current SDKs (WASI 0.3) import
+/// (`wit/spin3`): its functions are async, called in the store's event loop with an
+/// `Accessor`; a store is a bucket of the same buckets.
+pub(crate) mod spin3 {
+    wasmtime::component::bindgen!({
+        path: "wit/spin3",
+        world: "spin:key-value/host",
+        imports: { default: trappable },
+        with: {
+            "spin:key-value/key-value.store": crate::interfaces::keyvalue::access::Bucket,
+        },
+        require_store_data_send: true,
+    });
+}
+
+/// `spin:variables@3.0.0`, which components made with Spin's current SDKs import
+/// (`wit/spin3-variables`).
+pub(crate) mod spin3_variables {
+    wasmtime::component::bindgen!({
+        path: "wit/spin3-variables",
+        world: "spin:variables/host",
+        imports: { default: trappable },
+        require_store_data_send: true,
+    });
+}
+
 /// `wasi:config@0.2.0-draft-2024-09-27`, the version Spin's SDKs import (`wit/config-2024`).
 pub(crate) mod config_2024 {
     wasmtime::component::bindgen!({

@@ -16,8 +16,9 @@
 //! - `keyvalue`: guest key-value (`wasi:keyvalue` draft2 and draft, `vvm:host/kv`): buckets,
 //!   the fence, the limits.
 //! - `wasi_config`: `wasi:config/store` (three versions) over a service's configuration.
-//! - `spin`: Spin's `fermyon:spin/key-value` and `variables`, and stubs of its outbound
-//!   interfaces, which vvm-host does not offer.
+//! - `spin`: Spin's `fermyon:spin/key-value` and `variables` (2.0.0); `spin3`: their 3.0.0
+//!   versions (WASI 0.3, async); `stubs`: what a component imports that vvm-host does not
+//!   offer (Spin's outbound interfaces, WASI 0.3's files and sockets), linked to trap.
 //! - `outgoing`: outgoing `wasi:http`: the allow-list, the address guard, our connector, the
 //!   fence around each exchange, the fencing-token headers, the limits.
 //! - `view`: `Interfaces` and `View`.
@@ -28,7 +29,7 @@
 //! Each package links itself here (`add_to_linker`); incoming HTTP is a trigger, not an
 //! import, and links nothing. Dependencies point one way, in this order (each uses only
 //! modules before it): `keyvalue`'s `access`, `env`, `body`, `output`, `bindings`,
-//! `wasi_config`, `outgoing`, `view`, `vvm`, `keyvalue`, `spin`, `incoming`.
+//! `wasi_config`, `outgoing`, `view`, `vvm`, `keyvalue`, `spin`, `spin3`, `stubs`, `incoming`.
 
 pub(crate) mod bindings;
 pub(crate) mod body;
@@ -38,6 +39,8 @@ pub(crate) mod keyvalue;
 pub(crate) mod outgoing;
 pub(crate) mod output;
 pub(crate) mod spin;
+pub(crate) mod spin3;
+pub(crate) mod stubs;
 pub(crate) mod wasi_config;
 
 mod view;
@@ -62,7 +65,8 @@ use bindings::spin::fermyon::spin::{key_value as spin_kv, variables as spin_vari
 use bindings::spin_cron::fermyon::spin_cron::cron_types as spin_cron_types;
 
 /// Adds the packages implemented here to `linker`: `vvm:host`, both `wasi:keyvalue` versions,
-/// the three `wasi:config/store` versions, Spin's key-value and variables, and our
+/// the three `wasi:config/store` versions, Spin's key-value and variables (2.0.0 and 3.0.0),
+/// and our
 /// `wasi:http/outgoing-handler` `handle` (after wasmtime-wasi-http's own `types`, which it
 /// shadows). One linker serves every component, and a component's pre-instantiation takes
 /// only what it imports: a package costs nothing to a component that does not import it.
@@ -86,6 +90,7 @@ pub(crate) fn add_to_linker<T: View>(linker: &mut Linker<T>) -> wasmtime::Result
     })?;
     spin_kv::add_to_linker::<_, HasSelf<Interfaces>>(linker, T::interfaces)?;
     spin_variables::add_to_linker::<_, HasSelf<Interfaces>>(linker, T::interfaces)?;
+    spin3::add_to_linker(linker)?;
     // Types only: what a Spin cron component's handler takes and answers.
     spin_cron_types::add_to_linker::<_, HasSelf<Interfaces>>(linker, T::interfaces)?;
     outgoing::link_handle(linker, |t| &mut t.interfaces().http)

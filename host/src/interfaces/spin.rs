@@ -12,23 +12,24 @@
 //!   never logged. (`wasi:config@0.2.0-draft-2024-09-27`, the same values, is `wasi_config`'s.)
 //! - Spin's outbound interfaces (Redis, `MySQL`, `PostgreSQL`, `SQLite`, LLM, MQTT), which vvm-host
 //!   does not offer ([`outbound`]): a component that imports them is linked with stubs that
-//!   trap when called, since Spin's Python SDK imports them all whether the app uses them or
-//!   not; `check` names them.
+//!   trap when called (`super::stubs`), since Spin's Python SDK imports them all whether the
+//!   app uses them or not; `check` names them.
 //! - `wasi:keyvalue@0.2.0-draft2` as Spin ships it, whose `batch.get-many` has another
 //!   answer's shape than upstream's under the same version: a component built against it
-//!   gets Spin's `batch` over the same buckets.
+//!   ([`spins_batch`]) gets Spin's `batch` over the same buckets, in a linker of its own
+//!   (`super::stubs`): one name, two definitions.
 //!
-//! The last two need a linker of the component's own ([`for_spin`]): one name, two
-//! definitions.
+//! Spin's current interfaces (`spin:key-value@3.0.0`, `spin:variables@3.0.0`, WASI 0.3) are
+//! `super::spin3`'s.
 
 use wasmtime::component::types::{ComponentItem, Type};
-use wasmtime::component::{Component, HasSelf, Linker, Resource, ResourceTableError, ResourceType};
+use wasmtime::component::{HasSelf, Linker, Resource, ResourceTableError};
 
 use super::bindings::keyvalue_spin::wasi::keyvalue::batch as spin_batch;
 use super::bindings::service::wasi::keyvalue::store;
 use super::bindings::spin::fermyon::spin::{key_value, variables};
-use super::keyvalue::KvError;
 use super::keyvalue::access::Bucket;
+use super::keyvalue::{Kv, KvError};
 use super::view::{Interfaces, View};
 use crate::ops::KvLimit;
 use crate::store::KvWrite;
@@ -59,18 +60,7 @@ impl key_value::Host for Interfaces {}
 
 impl key_value::HostStore for Interfaces {
     async fn open(&mut self, label: String) -> Answer<Resource<Bucket>> {
-        if label.is_empty() {
-            return Ok(Err(key_value::Error::NoSuchStore));
-        }
-        let bucket = match self.kv().open(&label) {
-            Ok(bucket) => bucket,
-            Err(e) => return Ok(Err(e.into())),
-        };
-        match self.table.push(bucket) {
-            Ok(store) => Ok(Ok(store)),
-            Err(ResourceTableError::Full) => Ok(Err(key_value::Error::StoreTableFull)),
-            Err(e) => Err(e.into()),
-        }
+        open_store(self, &label)
     }
 
     super::keyvalue::wasi_keyvalue_bucket!();
@@ -78,20 +68,39 @@ impl key_value::HostStore for Interfaces {
     /// Every key, page after page (a namespace holds at most `max-keys` of them).
     async fn get_keys(&mut self, store: Resource<Bucket>) -> Answer<Vec<String>> {
         let space = space(self, &store)?;
-        let kv = self.kv();
-        let mut all = Vec::new();
-        let mut cursor: Option<String> = None;
-        loop {
-            match kv.list(&space, cursor.as_deref()).await {
-                Ok((keys, next)) => {
-                    all.extend(keys);
-                    match next {
-                        Some(next) => cursor = Some(next),
-                        None => return Ok(Ok(all)),
-                    }
-                }
-                Err(e) => return Ok(Err(e.into())),
-            }
+        Ok(all_keys(&self.kv(), &space).await.map_err(Into::into))
+    }
+}
+
+/// Opens the Spin store `label` of the instance `host` (see the module's docs).
+///
+/// # Errors
+/// When the resource table fails otherwise than by being full.
+pub(crate) fn open_store(host: &mut Interfaces, label: &str) -> Answer<Resource<Bucket>> {
+    if label.is_empty() {
+        return Ok(Err(key_value::Error::NoSuchStore));
+    }
+    let bucket = match host.kv().open(label) {
+        Ok(bucket) => bucket,
+        Err(e) => return Ok(Err(e.into())),
+    };
+    match host.table.push(bucket) {
+        Ok(store) => Ok(Ok(store)),
+        Err(ResourceTableError::Full) => Ok(Err(key_value::Error::StoreTableFull)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Every key of `space`, page after page (a namespace holds at most `max-keys` of them).
+pub(crate) async fn all_keys(kv: &Kv<'_>, space: &str) -> Result<Vec<String>, KvError> {
+    let mut all = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let (keys, next) = kv.list(space, cursor.as_deref()).await?;
+        all.extend(keys);
+        match next {
+            Some(next) => cursor = Some(next),
+            None => return Ok(all),
         }
     }
 }
@@ -100,15 +109,18 @@ impl crate::interfaces::bindings::spin_cron::fermyon::spin_cron::cron_types::Hos
 
 impl variables::Host for Interfaces {
     async fn get(&mut self, name: String) -> wasmtime::Result<Result<String, variables::Error>> {
-        if let Err(reason) = variable_name(&name) {
-            return Ok(Err(variables::Error::InvalidName(format!(
-                "{name:?}: {reason}"
-            ))));
-        }
-        Ok(self.config.get(&name).map(str::to_owned).ok_or_else(|| {
-            variables::Error::Undefined(format!("no variable for {:?}.{name:?}", &*self.env.name))
-        }))
+        Ok(variable(self, &name))
     }
+}
+
+/// The variable `name` of the instance `host`'s service (see the module's docs).
+pub(crate) fn variable(host: &Interfaces, name: &str) -> Result<String, variables::Error> {
+    if let Err(reason) = variable_name(name) {
+        return Err(variables::Error::InvalidName(format!("{name:?}: {reason}")));
+    }
+    host.config.get(name).map(str::to_owned).ok_or_else(|| {
+        variables::Error::Undefined(format!("no variable for {:?}.{name:?}", &*host.env.name))
+    })
 }
 
 /// Whether `name` is a variable's name as Spin's `variables.get` accepts it: lower-case
@@ -162,68 +174,24 @@ pub(crate) fn outbound(name: &str) -> Option<&'static str> {
     })
 }
 
-/// A resource of an outbound interface: never made, since every function that would make
-/// one traps.
-struct NotOffered;
-
 /// The name Spin's and upstream's `batch` share.
-const BATCH: &str = "wasi:keyvalue/batch@0.2.0-draft2";
+pub(crate) const BATCH: &str = "wasi:keyvalue/batch@0.2.0-draft2";
 
-/// `linker` as a component made with Spin's SDKs needs it, if `component` is one: Spin's
-/// outbound interfaces it imports defined as stubs, each function trapping with what it is
-/// and that vvm-host does not offer it, and Spin's `batch` in place of upstream's if it was
-/// built against Spin's. `None` when it needs neither (then `linker` serves as it is). Any
-/// other import the linker lacks still fails the instantiation, by name.
+/// Defines Spin's `batch` in `linker`, in place of upstream's (for a component built against
+/// Spin's: [`spins_batch`]).
 ///
 /// # Errors
-/// When a definition cannot be made (a name defined twice).
-pub(crate) fn for_spin<T: View>(
-    linker: &Linker<T>,
-    component: &Component,
-) -> wasmtime::Result<Option<Linker<T>>> {
-    let engine = component.engine();
-    let ty = component.component_type();
-    let mut own: Option<Linker<T>> = None;
-    for (name, item) in ty.imports(engine) {
-        let ComponentItem::ComponentInstance(instance) = item.ty else {
-            continue;
-        };
-        if name == BATCH && spins_batch(&instance, engine) {
-            let linker = own.get_or_insert_with(|| linker.clone());
-            // In place of upstream's.
-            linker.allow_shadowing(true);
-            spin_batch::add_to_linker::<_, HasSelf<Interfaces>>(linker, T::interfaces)?;
-            continue;
-        }
-        let Some(what) = outbound(name) else {
-            continue;
-        };
-        let linker = own.get_or_insert_with(|| linker.clone());
-        let mut stub = linker.instance(name)?;
-        for (export, item) in instance.exports(engine) {
-            match item.ty {
-                ComponentItem::ComponentFunc(_) => {
-                    let message = format!(
-                        "`{name}#{export}` is Spin's outbound {what}, which vvm-host does not \
-                         offer"
-                    );
-                    stub.func_new(export, move |_, _, _, _| {
-                        Err(wasmtime::format_err!("{message}"))
-                    })?;
-                }
-                ComponentItem::Resource(_) => {
-                    stub.resource(export, ResourceType::host::<NotOffered>(), |_, _| Ok(()))?;
-                }
-                _ => {}
-            }
-        }
-    }
-    Ok(own)
+/// When a definition cannot be made.
+pub(crate) fn link_spins_batch<T: View>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
+    linker.allow_shadowing(true);
+    spin_batch::add_to_linker::<_, HasSelf<Interfaces>>(linker, T::interfaces)?;
+    linker.allow_shadowing(false);
+    Ok(())
 }
 
 /// Whether the imported `batch` is Spin's: its `get-many` answers a list of tuples (upstream's,
 /// a list of options).
-fn spins_batch(
+pub(crate) fn spins_batch(
     batch: &wasmtime::component::types::ComponentInstance,
     engine: &wasmtime::Engine,
 ) -> bool {

@@ -20,6 +20,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use super::outgoing::{DurationFamily, ServiceLabels, duration_histogram};
+use super::running::RunningGuard;
 
 /// Each class a served request is counted in: its response's status class, or `aborted`
 /// (the connection was cut before a response head: the lease deadline passed).
@@ -237,11 +238,8 @@ impl ServiceHttpMetrics {
     }
 
     /// A request's handler runs until the guard is dropped.
-    pub fn in_flight(&self) -> super::RunningGuard {
-        self.in_flight.inc();
-        super::RunningGuard {
-            gauge: self.in_flight.clone(),
-        }
+    pub fn in_flight(&self) -> RunningGuard {
+        RunningGuard::new(&self.in_flight)
     }
 
     /// A request was served by an instance `reused`, or a new one.

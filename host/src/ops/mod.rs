@@ -5,6 +5,7 @@
 //! - `metrics`: the Prometheus metrics (`/metrics`), with the services' series; `lease`,
 //!   `kv`, `outgoing`, `incoming` and `schedule` the series of the lease, of the guests' key-value writes
 //!   and their group commit, of HTTP out and in, and of scheduled runs.
+//! - `running`: [`RunningGuard`], one running thing counted in a gauge while it lives.
 //! - `http`: the endpoint, on a thread of its own ([`Endpoint`]).
 //!
 //! `vvm-host serve` makes one [`Ops`] and hands a clone to each layer that reports (the VVM,
@@ -20,6 +21,7 @@ mod kv;
 mod lease;
 mod metrics;
 mod outgoing;
+mod running;
 mod schedule;
 
 pub use health::Health;
@@ -28,11 +30,11 @@ pub use incoming::ServiceHttpMetrics;
 pub use kv::{KvLimit, KvOutcome};
 pub use lease::RenewalOutcome;
 pub use outgoing::HttpOutcome;
+pub use running::RunningGuard;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;
 
 use crate::clock::Clock;
@@ -144,9 +146,7 @@ impl Ops {
     /// A service instance runs until the returned guard is dropped.
     #[must_use = "the instance counts as running until the guard is dropped"]
     pub fn service_running(&self) -> RunningGuard {
-        let gauge = self.inner.metrics.services_running.clone();
-        gauge.inc();
-        RunningGuard { gauge }
+        RunningGuard::new(&self.inner.metrics.services_running)
     }
 
     /// Service `service` was loaded (at start or into the live directory): its series exist
@@ -274,18 +274,6 @@ impl Ops {
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &m.registry);
         out
-    }
-}
-
-/// Counts one running service instance (or request in flight) until dropped.
-#[derive(Debug)]
-pub struct RunningGuard {
-    gauge: Gauge,
-}
-
-impl Drop for RunningGuard {
-    fn drop(&mut self) {
-        self.gauge.dec();
     }
 }
 

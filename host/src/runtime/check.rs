@@ -14,8 +14,9 @@ use super::config::Grants;
 use super::wasm_services::WasmServices;
 use super::{RuntimeConfig, RuntimeError};
 use crate::interfaces::InstanceReuse;
-use crate::interfaces::spin;
+use crate::interfaces::{spin, stubs};
 use crate::ops::Ops;
+use wasmtime_wasi_http::handler::ProxyPre;
 
 /// What `vvm-host check DIR` reports: the services that load, the files that do not, and
 /// what the services that load still lack.
@@ -78,7 +79,8 @@ pub fn check(config: RuntimeConfig, file: Option<PathBuf>) -> Result<CheckReport
             notes.extend(outbound_note(&svc.name, &svc.imports));
             let scheduled = grants.get(&svc.name).is_some_and(|g| g.schedule.is_some());
             notes.extend(schedule_note(&svc.name, svc.kind(), scheduled));
-            if svc.serves_http() {
+            notes.extend(wasi3_note(&svc.name, &svc.imports));
+            if matches!(svc.handler, Some(ProxyPre::P2(_))) {
                 let own = grants.get(&svc.name).map(|g| g.instance_reuse);
                 let reuse = InstanceReuse::p2(own.unwrap_or_default().over(host_reuse));
                 notes.extend(reuse_note(&svc.name, reuse));
@@ -171,7 +173,7 @@ fn grant_notes(name: &str, imports: &[String], all: &HashMap<String, Grants>) ->
 /// never called: an HTTP service is only served (see `component::classify`).
 fn unrun_note(name: &str, kind: ServiceKind, exports: &[String]) -> Option<Note> {
     let has_run = exports.iter().any(|e| e.starts_with("wasi:cli/run@"));
-    (kind == ServiceKind::Http && has_run).then(|| Note {
+    (matches!(kind, ServiceKind::Http | ServiceKind::Http3) && has_run).then(|| Note {
         service: name.to_owned(),
         note: "it exports wasi:cli/run beside its HTTP handler: it is served request by \
                request, and its run is never called (as wasmtime serve does)"
@@ -203,7 +205,10 @@ fn reuse_note(name: &str, reuse: InstanceReuse) -> Option<Note> {
 /// Whether service `name`, of `kind`, is run as its `schedule` (or lack of one) says: only a
 /// command or Spin's cron world runs per fire time, and Spin's cron world only so.
 fn schedule_note(name: &str, kind: ServiceKind, scheduled: bool) -> Option<Note> {
-    let per_fire = matches!(kind, ServiceKind::Command | ServiceKind::Cron);
+    let per_fire = matches!(
+        kind,
+        ServiceKind::Command | ServiceKind::Command3 | ServiceKind::Cron
+    );
     let (note, help) = match (scheduled, kind) {
         (false, ServiceKind::Cron) => (
             "it exports Spin's cron handler (handle-cron-event) but has no schedule: it \
@@ -250,9 +255,50 @@ fn outbound_note(name: &str, imports: &[String]) -> Option<Note> {
     })
 }
 
+/// Which imports of service `name` are WASI 0.3's release candidate (served by the 0.3.0
+/// implementation, whose types they have) and which are WASI 0.3's files and sockets (stubs
+/// that trap: `interfaces::stubs`).
+fn wasi3_note(name: &str, imports: &[String]) -> Option<Note> {
+    let rc_suffix = format!("@{}", super::imports::RC);
+    let rc: Vec<&str> = imports
+        .iter()
+        .filter(|i| i.ends_with(&rc_suffix) && stubs::stubbed(i).is_none())
+        .map(String::as_str)
+        .collect();
+    let stubbed: Vec<&str> = imports
+        .iter()
+        .filter(|i| spin::outbound(i).is_none() && stubs::stubbed(i).is_some())
+        .map(String::as_str)
+        .collect();
+    let mut says = Vec::new();
+    if !rc.is_empty() {
+        says.push(format!(
+            "it imports WASI 0.3's release candidate {}, served by the WASI 0.3.0 \
+             implementation (the same types)",
+            rc.join(", ")
+        ));
+    }
+    if !stubbed.is_empty() {
+        says.push(format!(
+            "it imports WASI 0.3's files and sockets ({}), which vvm-host does not offer: a \
+             call to one traps",
+            stubbed.join(", ")
+        ));
+    }
+    (!says.is_empty()).then(|| Note {
+        service: name.to_owned(),
+        note: says.join("; "),
+        help: "nothing to do if it never calls them (an SDK imports its whole platform); a \
+               service granted `dirs` or `network` has WASI 0.2's files and sockets"
+            .to_owned(),
+    })
+}
+
 /// The packages the host provides interfaces of (in some versions).
-const PROVIDED_PACKAGES: [&str; 11] = [
+const PROVIDED_PACKAGES: [&str; 13] = [
     "vvm:host",
+    "spin:key-value",
+    "spin:variables",
     "wasi:cli",
     "wasi:io",
     "wasi:clocks",
@@ -267,9 +313,11 @@ const PROVIDED_PACKAGES: [&str; 11] = [
 
 /// What the host provides, for a help line about an import it does not.
 const PROVIDED: &str = "vvm:host/lease, log and kv @0.1.0; WASI 0.2.x (cli, io, clocks, \
-                        random, filesystem, sockets, http); wasi:keyvalue @0.2.0-draft and \
-                        @0.2.0-draft2; wasi:config/store @0.2.0-draft, @0.2.0-draft-2024-09-27 and \
-                        @0.2.0-rc.1; fermyon:spin/key-value and variables @2.0.0";
+                        random, filesystem, sockets, http); WASI 0.3.0 (cli, clocks, random, \
+                        http); wasi:keyvalue @0.2.0-draft and @0.2.0-draft2; \
+                        wasi:config/store @0.2.0-draft, @0.2.0-draft-2024-09-27 and @0.2.0-rc.1; \
+                        fermyon:spin/key-value and variables @2.0.0; spin:key-value and \
+                        spin:variables @3.0.0";
 
 /// What to change so that a file rejected for `kind` loads, if there is more to say than
 /// the error does.
@@ -278,8 +326,9 @@ pub fn help(kind: &LoadErrorKind) -> Option<String> {
         LoadErrorKind::World(_) => Some(
             "target the `service` world of vvm-host's wit/host.wit (export `run`), or \
              `http-service` (export wasi:http/incoming-handler@0.2.x), or build a \
-             wasi:cli command (a `main` for wasm32-wasip2); `vvm-host new` writes a project \
-             that does"
+             wasi:cli command (a `main` for wasm32-wasip2), or a WASI 0.3 HTTP service \
+             (export wasi:http/handler@0.3.0: Spin's SDK 7, the `wasip3` crate); `vvm-host \
+             new` writes a project that does"
                 .to_owned(),
         ),
         LoadErrorKind::WrongType { export, .. } => Some(format!(
@@ -313,8 +362,10 @@ fn import_help(text: &str) -> String {
     let (package, version) = name.split_once('@').unwrap_or((name, ""));
     if package.starts_with("wasi:") && version.starts_with("0.3") {
         return format!(
-            "`{name}` is WASI 0.3; this host provides WASI 0.2: build for wasm32-wasip2 with \
-             0.2 interfaces"
+            "`{name}` is a part of WASI 0.3 this host does not provide (it provides 0.3.0's \
+             cli, clocks, random and http, and their release candidate {}; files and sockets \
+             as stubs)",
+            super::imports::RC
         );
     }
     let provided = PROVIDED_PACKAGES.contains(&package.split('/').next().unwrap_or(package));
@@ -354,7 +405,8 @@ mod tests {
              matching implementation was not found in the linker",
         );
         assert!(
-            p3.contains("is WASI 0.3") && p3.contains("wasm32-wasip2"),
+            p3.contains("a part of WASI 0.3 this host does not provide")
+                && p3.contains("0.3.0-rc-2026-03-15"),
             "{p3}"
         );
         let wrong = import_help(

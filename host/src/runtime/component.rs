@@ -1,16 +1,17 @@
-//! Service discovery and compilation (SPEC §6): every `*.wasm` file in the services directory
-//! is compiled (or loaded from the on-disk cache, `cache`) before campaigning, checked against
-//! the supported worlds (`vvm:host/service`, `wasi:cli/command`, and `wasi:http/proxy`: a
-//! component exporting `wasi:http/incoming-handler`), and pre-instantiated once.
+//! Service discovery and compilation (SPEC §6, §12): every `*.wasm` file in the services
+//! directory is compiled (or loaded from the on-disk cache, `cache`) before campaigning,
+//! checked against the supported worlds (`vvm:host/service`, `wasi:cli/command` of WASI 0.2 or
+//! 0.3, `wasi:http/proxy`: a component exporting `wasi:http/incoming-handler`, and a WASI 0.3
+//! HTTP service: one exporting `wasi:http/handler@0.3.0`), and pre-instantiated once.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
-use wasmtime::Engine;
 use wasmtime::component::{Component, Linker};
-use wasmtime_wasi::p2::bindings::CommandPre;
-use wasmtime_wasi_http::p2::bindings::ProxyPre;
+use wasmtime::{Engine, Store};
+use wasmtime_wasi::{p2, p3};
+use wasmtime_wasi_http::handler::ProxyPre;
 
 use super::RuntimeError;
 use super::cache;
@@ -26,10 +27,15 @@ pub enum ServiceKind {
     Service,
     /// A plain `wasi:cli/command`: its `run` is the service; dropped at once on stop.
     Command,
+    /// A WASI 0.3 command (`wasi:cli/run@0.3.0`): as a WASI 0.2 one.
+    Command3,
     /// An HTTP service (`wasi:http/proxy`): exports `wasi:http/incoming-handler`, and is
     /// served on `http-addr` by route, one instance per request. A `wasi:cli/run` it also
     /// exports is never called (see [`classify`]).
     Http,
+    /// A WASI 0.3 HTTP service: exports `wasi:http/handler@0.3.0`, served on `http-addr` by
+    /// route, an instance taking several requests at once and many in its life.
+    Http3,
     /// A `vvm:host/service` that also exports `wasi:http/incoming-handler`: `run` runs as a
     /// service's does, and requests are served beside it, each in its own instance.
     ServiceAndHttp,
@@ -43,7 +49,9 @@ impl fmt::Display for ServiceKind {
         f.write_str(match self {
             Self::Service => "vvm:host/service",
             Self::Command => "wasi:cli/command",
+            Self::Command3 => "WASI 0.3 command (wasi:cli/run@0.3.0)",
             Self::Http => "wasi:http/proxy",
+            Self::Http3 => "wasi:http@0.3.0 service (wasi:http/handler@0.3.0)",
             Self::ServiceAndHttp => "vvm:host/service + wasi:http/incoming-handler",
             Self::Cron => "fermyon:spin-cron/spin-cron",
         })
@@ -76,8 +84,9 @@ pub enum LoadErrorKind {
     /// The file is not a WebAssembly component (empty, a core module): its header says so.
     #[error("not a valid component: {0}")]
     Invalid(String),
-    /// wasmtime could not compile the component (truncated, corrupt).
-    #[error("not a valid component: {0:#}")]
+    /// wasmtime could not compile the component (truncated, corrupt, or it needs a feature
+    /// the host does not run): in words for a user, no parser offsets.
+    #[error("not a valid component: {}", compile_message(.0))]
     Compile(#[source] wasmtime::Error),
     /// The component targets neither supported world.
     #[error("unsupported world: {0}")]
@@ -109,12 +118,57 @@ pub struct LoadStats {
 pub(crate) enum Pre {
     /// `run` of the `vvm:host/service` world.
     Service(ServicePre<Host>),
-    /// `wasi:cli/run` of the `wasi:cli/command` world.
-    Command(CommandPre<Host>),
+    /// `wasi:cli/run` of the `wasi:cli/command` world, WASI 0.2's or 0.3's.
+    Command(CommandPre),
     /// Nothing: the `wasi:http/proxy` world is only served, request by request.
     Http,
     /// `handle-cron-event` of Spin's cron world: called per fire time (`scheduler`).
     Cron(SpinCronPre<Host>),
+}
+
+/// A command's pre-instantiation: WASI 0.2's `wasi:cli/run`, or WASI 0.3's.
+pub(crate) enum CommandPre {
+    P2(p2::bindings::CommandPre<Host>),
+    P3(p3::bindings::CommandPre<Host>),
+}
+
+/// An instance of a command.
+pub(crate) enum Command {
+    P2(p2::bindings::Command),
+    P3(p3::bindings::Command),
+}
+
+impl CommandPre {
+    /// An instance in `store`.
+    pub(crate) async fn instantiate_async(
+        &self,
+        store: &mut Store<Host>,
+    ) -> wasmtime::Result<Command> {
+        Ok(match self {
+            Self::P2(pre) => Command::P2(pre.instantiate_async(store).await?),
+            Self::P3(pre) => Command::P3(pre.instantiate_async(store).await?),
+        })
+    }
+}
+
+impl Command {
+    /// Calls its `run` in `store`: `Err(())` when it exits with an error. A WASI 0.3 one runs
+    /// in the store's event loop (its `run` is an async export).
+    pub(crate) async fn call_run(
+        &self,
+        store: &mut Store<Host>,
+    ) -> wasmtime::Result<Result<(), ()>> {
+        match self {
+            Self::P2(command) => command.wasi_cli_run().call_run(store).await,
+            Self::P3(command) => {
+                store
+                    .run_concurrent(async |accessor| {
+                        command.wasi_cli_run().call_run(accessor).await
+                    })
+                    .await?
+            }
+        }
+    }
 }
 
 /// One loaded service.
@@ -125,8 +179,8 @@ pub(crate) struct Loaded {
     pub version: String,
     /// What it runs.
     pub pre: Pre,
-    /// Its `wasi:http/incoming-handler`, if it exports one: served on `http-addr`, one
-    /// instance per request.
+    /// Its HTTP handler, if it exports one (WASI 0.2's `wasi:http/incoming-handler`, or 0.3's
+    /// `wasi:http/handler`): served on `http-addr`.
     pub handler: Option<ProxyPre<Host>>,
     /// What it exports, by name (`run`, `wasi:http/incoming-handler@0.2.4`, ...).
     pub exports: Vec<String>,
@@ -140,7 +194,9 @@ impl Loaded {
         match (&self.pre, self.handler.is_some()) {
             (Pre::Service(_), false) => ServiceKind::Service,
             (Pre::Service(_), true) => ServiceKind::ServiceAndHttp,
-            (Pre::Command(_), _) => ServiceKind::Command,
+            (Pre::Command(CommandPre::P2(_)), _) => ServiceKind::Command,
+            (Pre::Command(CommandPre::P3(_)), _) => ServiceKind::Command3,
+            (Pre::Http, _) if matches!(self.handler, Some(ProxyPre::P3(_))) => ServiceKind::Http3,
             (Pre::Http, _) => ServiceKind::Http,
             (Pre::Cron(_), _) => ServiceKind::Cron,
         }
@@ -293,6 +349,35 @@ impl Compiler<'_> {
     }
 }
 
+/// wasmtime's compile error `e` as a user reads it: without the parser's offset, and for a
+/// WebAssembly feature the host does not run (wasmparser's "`stream` requires the component
+/// model async feature (at offset 0xc)"), which feature and what to do.
+fn compile_message(e: &wasmtime::Error) -> String {
+    let full = format!("{e:#}");
+    let mut text = full.as_str();
+    if let Some(at) = text.rfind(" (at offset 0x") {
+        text = &text[..at];
+    }
+    let text = text
+        .strip_prefix("failed to parse WebAssembly module: ")
+        .unwrap_or(text);
+    match text.split_once("requires the ") {
+        Some((what, feature)) if feature.ends_with(" feature") => {
+            let what = what.trim();
+            let what = if what.is_empty() {
+                String::new()
+            } else {
+                format!("{what} of ")
+            };
+            format!(
+                "it uses {what}the {feature}, which vvm-host does not run (it runs the \
+                 components of toolchains that target WASI 0.2 or WASI 0.3)"
+            )
+        }
+        _ => text.to_owned(),
+    }
+}
+
 /// Rejects files that cannot be components with a precise reason, before wasmtime's parser.
 fn check_header(bytes: &[u8]) -> Result<(), String> {
     const MAGIC: &[u8] = b"\0asm";
@@ -328,36 +413,56 @@ fn classify(
 ) -> Result<(Pre, Option<ProxyPre<Host>>), LoadErrorKind> {
     let ty = component.component_type();
     let exports: Vec<&str> = ty.exports(engine).map(|(name, _)| name).collect();
+    let exported = |prefix: &str| exports.iter().any(|e| e.starts_with(prefix));
     let is_service = exports.contains(&"run");
-    let is_command = exports.iter().any(|e| e.starts_with("wasi:cli/run@0.2"));
-    let is_http = exports
-        .iter()
-        .any(|e| e.starts_with("wasi:http/incoming-handler@0.2"));
+    let command = if exported("wasi:cli/run@0.3") {
+        Some(3)
+    } else {
+        exported("wasi:cli/run@0.2").then_some(2)
+    };
+    let http = if exported("wasi:http/handler@0.3") {
+        Some(3)
+    } else {
+        exported("wasi:http/incoming-handler@0.2").then_some(2)
+    };
     let is_cron = exports.contains(&"handle-cron-event");
-    if !is_service && !is_command && !is_http && !is_cron {
+    if !is_service && command.is_none() && http.is_none() && !is_cron {
         return Err(LoadErrorKind::World(format!(
             "exports none of `run` (world vvm:host/service), `wasi:cli/run` (world \
-             wasi:cli/command), `wasi:http/incoming-handler` (world wasi:http/proxy) and \
+             wasi:cli/command, WASI 0.2 or 0.3), `wasi:http/incoming-handler` (world \
+             wasi:http/proxy), `wasi:http/handler@0.3.0` (a WASI 0.3 HTTP service) and \
              `handle-cron-event` (world fermyon:spin-cron/spin-cron); it exports [{}]",
             exports.join(", ")
         )));
     }
-    // A Spin SDK's component: its outbound imports stubbed, Spin's `batch` if it has it.
-    let own =
-        crate::interfaces::spin::for_spin(linker, component).map_err(LoadErrorKind::Imports)?;
+    // Imports the linker has only as stubs (Spin's outbound interfaces, WASI 0.3's files and
+    // sockets), and Spin's `batch` if it has it.
+    let own = crate::interfaces::stubs::for_component(linker, component)
+        .map_err(LoadErrorKind::Imports)?;
     let pre = own
         .as_ref()
         .unwrap_or(linker)
         .instantiate_pre(component)
         .map_err(LoadErrorKind::Imports)?;
-    let handler = is_http
-        .then(|| {
-            ProxyPre::new(pre.clone()).map_err(|source| LoadErrorKind::WrongType {
-                export: "`wasi:http/incoming-handler`",
-                source,
-            })
-        })
-        .transpose()?;
+    let handler = match http {
+        Some(3) => Some(ProxyPre::P3(
+            wasmtime_wasi_http::p3::bindings::ServicePre::new(pre.clone()).map_err(|source| {
+                LoadErrorKind::WrongType {
+                    export: "`wasi:http/handler@0.3.0`",
+                    source,
+                }
+            })?,
+        )),
+        Some(_) => Some(ProxyPre::P2(
+            wasmtime_wasi_http::p2::bindings::ProxyPre::new(pre.clone()).map_err(|source| {
+                LoadErrorKind::WrongType {
+                    export: "`wasi:http/incoming-handler`",
+                    source,
+                }
+            })?,
+        )),
+        None => None,
+    };
     let runs = if is_cron {
         Pre::Cron(
             SpinCronPre::new(pre).map_err(|source| LoadErrorKind::WrongType {
@@ -372,13 +477,16 @@ fn classify(
                 source,
             })?,
         )
-    } else if is_command && !is_http {
-        Pre::Command(
-            CommandPre::new(pre).map_err(|source| LoadErrorKind::WrongType {
-                export: "`wasi:cli/run`",
-                source,
-            })?,
-        )
+    } else if let (Some(generation), None) = (command, http) {
+        let wrong = |source| LoadErrorKind::WrongType {
+            export: "`wasi:cli/run`",
+            source,
+        };
+        Pre::Command(if generation == 3 {
+            CommandPre::P3(p3::bindings::CommandPre::new(pre).map_err(wrong)?)
+        } else {
+            CommandPre::P2(p2::bindings::CommandPre::new(pre).map_err(wrong)?)
+        })
     } else {
         Pre::Http
     };
@@ -480,10 +588,38 @@ mod tests {
         };
         let source = std::error::Error::source(&e.kind).expect("a source");
         assert_eq!(source.to_string(), cause.to_string());
+        let message = e.to_string();
         assert!(
-            e.to_string()
-                .contains(&format!("not a valid component: {cause:#}")),
-            "{e}"
+            message.contains("not a valid component: unexpected end-of-file"),
+            "{message}"
+        );
+        assert!(!message.contains("offset"), "no parser offset: {message}");
+    }
+
+    /// A component that needs a WebAssembly feature the host does not run (here the
+    /// component model's stackful async) is refused in a sentence that names the feature,
+    /// not with the parser's offset.
+    #[test]
+    fn a_component_needing_a_feature_the_host_does_not_run_says_which() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("stackful.wasm");
+        std::fs::write(&path, testkit::guests::stackful_async()).unwrap();
+        let config = crate::runtime::RuntimeConfig::new(dir.path());
+        let engine = crate::runtime::engine::build(&config).unwrap();
+        let linker = Linker::new(&engine);
+        let mut compiler = Compiler {
+            engine: &engine,
+            cache_dir: dir.path(),
+            stats: LoadStats::default(),
+        };
+        let Err(e) = compiler.load(&ServiceFile::read(&path).unwrap(), &linker) else {
+            panic!("a stackful async component loaded");
+        };
+        assert_eq!(
+            e.kind.to_string(),
+            "not a valid component: it uses the component model async stackful feature, \
+             which vvm-host does not run (it runs the components of toolchains that target \
+             WASI 0.2 or WASI 0.3)"
         );
     }
 }

@@ -25,6 +25,7 @@ pub(crate) type HttpServer = incoming::HttpServer<RequestSandboxes>;
 /// What incoming HTTP takes from the runtime: its stores, configuration and grants, and the
 /// catalogue of loaded services (a route of an HTTP service not served here is answered 503,
 /// held by another host under spread placement or between two leaderships, not 404).
+#[derive(Clone)]
 pub(crate) struct RequestSandboxes {
     rt: Arc<Runtime>,
     catalogue: watch::Receiver<Catalogue>,

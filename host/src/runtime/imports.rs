@@ -20,7 +20,11 @@ use crate::interfaces::{self, Fenced, Interfaces, ServiceEnv};
 
 /// The linker every service is instantiated with: WASI 0.2, `vvm:host`, `wasi:keyvalue`
 /// (`@0.2.0-draft2` and `@0.2.0-draft`), `wasi:config/store` (`@0.2.0-draft` and
-/// `@0.2.0-rc.1`) and `wasi:http` (`types` and `outgoing-handler`, denied by default).
+/// `@0.2.0-rc.1`) and `wasi:http` (`types` and `outgoing-handler`, denied by default); and
+/// WASI 0.3 (SPEC §12): `wasi:cli`, `wasi:clocks`, `wasi:random` and `wasi:http` (`types` and
+/// `client`, through the same hooks as 0.2's outgoing handler), also under the names of the
+/// release candidate whose types are 0.3.0's ([`RC`]). WASI 0.3's files and sockets are not
+/// linked: their writes happen outside any host call the fence sees (`interfaces::stubs`).
 pub(crate) fn linker(engine: &Engine) -> Result<Linker<Host>, RuntimeError> {
     let mut linker = Linker::new(engine);
     add_imports(&mut linker).map_err(RuntimeError::Engine)?;
@@ -30,8 +34,59 @@ pub(crate) fn linker(engine: &Engine) -> Result<Linker<Host>, RuntimeError> {
 fn add_imports(linker: &mut Linker<Host>) -> wasmtime::Result<()> {
     wasmtime_wasi::p2::add_to_linker_async(linker)?;
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(linker)?;
+    wasmtime_wasi::p3::cli::add_to_linker(linker)?;
+    wasmtime_wasi::p3::clocks::add_to_linker(linker)?;
+    wasmtime_wasi::p3::random::add_to_linker(linker)?;
+    wasmtime_wasi_http::p3::add_to_linker(linker)?;
+    add_release_candidate(linker)?;
     interfaces::add_to_linker(linker)?;
     fence::shadow(linker)
+}
+
+/// The release candidate of WASI 0.3 that Spin's Python SDK imports beside 0.3.0. A
+/// prerelease version never matches another, so its names are defined here, by the 0.3.0
+/// implementation: its types are 0.3.0's (compared with the SDK's WIT; its `wasi:cli/exit`
+/// lacks `exit-with-code`, which a component of it never calls). Its files and sockets are
+/// stubs, as 0.3.0's are.
+pub(crate) const RC: &str = "0.3.0-rc-2026-03-15";
+
+fn add_release_candidate(linker: &mut Linker<Host>) -> wasmtime::Result<()> {
+    use wasmtime_wasi::cli::{WasiCli, WasiCliView as _};
+    use wasmtime_wasi::clocks::{WasiClocks, WasiClocksView as _};
+    use wasmtime_wasi::p3::bindings as wasi;
+    use wasmtime_wasi::random::{WasiRandom, WasiRandomView as _};
+    use wasmtime_wasi_http::WasiHttpView as _;
+    use wasmtime_wasi_http::p3::bindings::http;
+    macro_rules! rc {
+        ($($interface:literal: $module:path, $data:ty, $get:expr;)*) => {$({
+            let mut instance = linker.instance(&format!(concat!($interface, "@{}"), RC))?;
+            {
+                use $module as m;
+                m::add_to_linker_instance::<Host, $data>(&mut instance, $get)?;
+            }
+        })*};
+    }
+    rc! {
+        "wasi:http/types": http::types, wasmtime_wasi_http::WasiHttp, Host::http;
+        "wasi:http/client": http::client, wasmtime_wasi_http::WasiHttp, Host::http;
+        "wasi:cli/environment": wasi::cli::environment, WasiCli, Host::cli;
+        "wasi:cli/exit": wasi::cli::exit, WasiCli, Host::cli;
+        "wasi:cli/stdin": wasi::cli::stdin, WasiCli, Host::cli;
+        "wasi:cli/stdout": wasi::cli::stdout, WasiCli, Host::cli;
+        "wasi:cli/stderr": wasi::cli::stderr, WasiCli, Host::cli;
+        "wasi:cli/terminal-input": wasi::cli::terminal_input, WasiCli, Host::cli;
+        "wasi:cli/terminal-output": wasi::cli::terminal_output, WasiCli, Host::cli;
+        "wasi:cli/terminal-stdin": wasi::cli::terminal_stdin, WasiCli, Host::cli;
+        "wasi:cli/terminal-stdout": wasi::cli::terminal_stdout, WasiCli, Host::cli;
+        "wasi:cli/terminal-stderr": wasi::cli::terminal_stderr, WasiCli, Host::cli;
+        "wasi:clocks/types": wasi::clocks::types, WasiClocks, Host::clocks;
+        "wasi:clocks/monotonic-clock": wasi::clocks::monotonic_clock, WasiClocks, Host::clocks;
+        "wasi:clocks/system-clock": wasi::clocks::system_clock, WasiClocks, Host::clocks;
+        "wasi:random/random": wasi::random::random, WasiRandom, Host::random;
+        "wasi:random/insecure": wasi::random::insecure, WasiRandom, Host::random;
+        "wasi:random/insecure-seed": wasi::random::insecure_seed, WasiRandom, Host::random;
+    }
+    Ok(())
 }
 
 /// A fresh store for one instance of the service `env` on `rt`: its own WASI context (with

@@ -236,7 +236,7 @@ async fn run_once(
             tracing::info!(service, kind = "command", "service running");
             let _running = env.ops.service_running();
             let run = async {
-                let r = instance.wasi_cli_run().call_run(&mut store).await;
+                let r = instance.call_run(&mut store).await;
                 r.map(|r| r.map_err(|()| "the command exited with an error".to_owned()))
             };
             // A command cannot hear the stop signal: no grace period.

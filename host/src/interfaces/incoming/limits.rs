@@ -31,6 +31,26 @@ impl InstanceReuse {
         idle_timeout: Duration::from_secs(1),
     };
 
+    /// For a WASI 0.3 component, `wasmtime serve`'s defaults: 128 requests per instance, 16 at
+    /// once.
+    pub const WASI_P3: Self = Self {
+        max_requests: 128,
+        max_concurrent: 16,
+        idle_timeout: Duration::from_secs(1),
+    };
+
+    /// The reuse of a WASI 0.3 component under `settings` (the service's over the host's).
+    #[must_use]
+    pub fn p3(settings: InstanceReuseConfig) -> Self {
+        let d = Self::WASI_P3;
+        Self {
+            max_requests: settings.max_instance_reuse_count.unwrap_or(d.max_requests),
+            max_concurrent: (settings.max_instance_concurrent_reuse_count)
+                .unwrap_or(d.max_concurrent),
+            idle_timeout: settings.idle_instance_timeout.unwrap_or(d.idle_timeout),
+        }
+    }
+
     /// The reuse of a WASI 0.2 component under `settings` (the service's over the host's).
     #[must_use]
     pub fn p2(settings: InstanceReuseConfig) -> Self {

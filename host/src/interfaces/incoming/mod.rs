@@ -29,14 +29,16 @@
 //! - `limits`: [`IncomingLimits`]; `connections`: the cap on open connections and their
 //!   header and keep-alive timeouts; `sandboxes`: the seam; `routes`: the routes served now;
 //!   `listen`: a door's listener and its connections; `serve`: one request; `pool`: the
-//!   instances a service reuses; `body`: its response under the lease; `spin`: Spin's request
-//!   headers.
+//!   instances a WASI 0.2 service reuses; `concurrent`: the instances of a WASI 0.3 service,
+//!   each taking several requests at once; `body`: a response under the lease; `spin`: Spin's
+//!   request headers.
 //!
 //! Dependencies point one way, in this order (each uses only modules before it): `limits`,
-//! `socket`, `connections`, `workers`, `spin`, `body`, `sandboxes`, `pool`, `routes`, `serve`,
-//! `listen`.
+//! `socket`, `connections`, `workers`, `spin`, `body`, `sandboxes`, `pool`, `concurrent`,
+//! `routes`, `serve`, `listen`.
 
 mod body;
+mod concurrent;
 mod connections;
 mod limits;
 mod listen;
@@ -59,12 +61,13 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::{AbortOnDropHandle, TaskTracker};
-use wasmtime_wasi_http::p2::bindings::ProxyPre;
+use wasmtime_wasi_http::handler::ProxyPre;
 
+use self::concurrent::Concurrent;
 use self::connections::Connections;
 use self::listen::{Listener, listen};
 use self::pool::Pool;
-use self::routes::{Entry, Shared};
+use self::routes::{Entry, Handler, Shared};
 use self::workers::Workers;
 use crate::interfaces::env::ServiceEnv;
 use crate::lease::LeaseDeadline;
@@ -100,7 +103,7 @@ pub(crate) struct HttpServer<S: Sandboxes> {
     shared: Arc<Shared<S>>,
     /// Services whose route a new version took over, with calls maybe still running: the
     /// next [`HttpServer::unregister`] waits for them too.
-    retired: Mutex<Vec<Arc<Entry<S::Data>>>>,
+    retired: Mutex<Vec<Arc<Entry<S>>>>,
     /// `http-addr`'s socket, shared with the other hosts of this machine, once it is got;
     /// without it each leadership binds the address itself.
     socket: std::sync::OnceLock<SharedSocket>,
@@ -216,24 +219,34 @@ impl<S: Sandboxes> HttpServer<S> {
                 "HTTP service not served: its route is another service's");
             return None;
         }
-        let reuse = InstanceReuse::p2(sandboxes.instance_reuse(&name));
+        let settings = sandboxes.instance_reuse(&name);
         let metrics = env.ops.http_service(&env.name);
+        let (handler, reuse) = match pre {
+            ProxyPre::P2(pre) => {
+                let reuse = InstanceReuse::p2(settings);
+                let most = limits.max_concurrent as usize;
+                let pool = Pool::new(env, reuse, most, metrics.idle.clone());
+                let pre = pre.clone();
+                (Handler::P2 { pre, pool }, reuse)
+            }
+            ProxyPre::P3(pre) => {
+                let reuse = InstanceReuse::p3(settings);
+                let instances =
+                    Concurrent::new(sandboxes, env, pre.clone(), reuse, metrics.clone());
+                (Handler::P3(instances), reuse)
+            }
+        };
         tracing::info!(
             service = name,
             %route,
             max_instance_reuse_count = reuse.max_requests,
+            max_instance_concurrent_reuse_count = reuse.max_concurrent,
             "HTTP service routed"
         );
         let entry = Arc::new(Entry {
             route,
             env: Arc::clone(env),
-            pre: pre.clone(),
-            pool: Pool::new(
-                env,
-                reuse,
-                limits.max_concurrent as usize,
-                metrics.idle.clone(),
-            ),
+            handler,
             metrics,
             permits: Arc::new(Semaphore::new(limits.max_concurrent as usize)),
             requests: TaskTracker::new(),
@@ -258,20 +271,20 @@ impl<S: Sandboxes> HttpServer<S> {
     /// running end. Close the door first when these are the last services of its lease, so
     /// that the connections finish their request in progress under it.
     pub(crate) async fn unregister(&self, names: &[String]) {
-        let entries: Vec<Arc<Entry<S::Data>>> = {
+        let entries: Vec<Arc<Entry<S>>> = {
             let mut routes = self
                 .shared
                 .routes
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            let mut entries: Vec<Arc<Entry<S::Data>>> =
+            let mut entries: Vec<Arc<Entry<S>>> =
                 names.iter().filter_map(|n| routes.remove(n)).collect();
             entries.append(&mut self.retired.lock().unwrap_or_else(PoisonError::into_inner));
             entries
         };
         let bound = self.shared.sandboxes.grace_period() + Duration::from_secs(1);
         for entry in entries {
-            entry.pool.close();
+            entry.handler.close().await;
             entry.requests.close();
             if tokio::time::timeout(bound, entry.requests.wait())
                 .await

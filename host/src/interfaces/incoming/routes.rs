@@ -9,6 +9,7 @@ use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 use wasmtime_wasi_http::p2::bindings::ProxyPre;
 
+use super::concurrent::Concurrent;
 use super::connections::Connections;
 use super::pool::{Instance, Pool};
 use super::sandboxes::Sandboxes;
@@ -16,16 +17,14 @@ use crate::config::{Route, pick_route};
 use crate::interfaces::env::ServiceEnv;
 use crate::ops::ServiceHttpMetrics;
 
-/// One HTTP service being served, during one leadership; `T` its stores' data.
-pub(super) struct Entry<T: 'static> {
+/// One HTTP service being served, during one leadership, in `S`'s stores.
+pub(super) struct Entry<S: Sandboxes> {
     /// Where it is served.
     pub route: Route,
     /// Its environment: lease, deadline, stop signal; every request's store shares it.
     pub env: Arc<ServiceEnv>,
-    /// Its component, pre-instantiated once.
-    pub pre: ProxyPre<T>,
-    /// Its instances waiting for their next request.
-    pub pool: Arc<Pool<Instance<T>>>,
+    /// Its component, and its instances.
+    pub handler: Handler<S>,
     /// Its series of `/metrics`, resolved.
     pub metrics: ServiceHttpMetrics,
     /// Its requests in flight at once.
@@ -34,23 +33,48 @@ pub(super) struct Entry<T: 'static> {
     pub requests: TaskTracker,
 }
 
-/// The routes of a store data `T`.
-pub(super) type Routes<T> = BTreeMap<String, Arc<Entry<T>>>;
+/// How a service's requests reach its component.
+pub(super) enum Handler<S: Sandboxes> {
+    /// WASI 0.2: a call per request, on an instance of its own (kept for later requests by
+    /// the pool, as its reuse allows).
+    P2 {
+        /// Its component, pre-instantiated once.
+        pre: ProxyPre<S::Data>,
+        /// Its instances waiting for their next request.
+        pool: Arc<Pool<Instance<S::Data>>>,
+    },
+    /// WASI 0.3: instances that take several requests at once.
+    P3(Concurrent<S>),
+}
+
+impl<S: Sandboxes> Handler<S> {
+    /// Its instances take no request from now on; returns when the idle ones are gone (and,
+    /// for WASI 0.3, when the others have ended, within the grace period).
+    pub(super) async fn close(&self) {
+        match self {
+            Self::P2 { pool, .. } => pool.close(),
+            Self::P3(instances) => instances.close().await,
+        }
+    }
+}
+
+/// The routes of `S`'s services.
+pub(super) type Routes<S> = BTreeMap<String, Arc<Entry<S>>>;
 
 /// What the connections read: the runtime's side (with the HTTP services loaded: a route of
 /// one not served here is answered 503, held by another host under spread placement or
 /// between two leaderships, not 404), and the routes served now.
 pub(super) struct Shared<S: Sandboxes> {
     pub sandboxes: S,
-    pub routes: Mutex<Routes<S::Data>>,
+    pub routes: Mutex<Routes<S>>,
     /// The connections open, at most `max-connections`.
     pub connections: Arc<Connections>,
 }
 
 /// Who answers a request's path.
-pub(super) enum Routed<T: 'static> {
+pub(super) enum Routed<S: Sandboxes> {
     /// A service served here now.
-    Here(Arc<Entry<T>>),
+    Here(Arc<Entry<S>>),
     /// An HTTP service loaded but not served here now.
     Elsewhere,
     /// No route matches it.
@@ -60,7 +84,7 @@ pub(super) enum Routed<T: 'static> {
 impl<S: Sandboxes> Shared<S> {
     /// Who answers `path`: of the routes of the services served here and of the other HTTP
     /// services loaded, the most specific match (the first service by name among equals).
-    pub(super) fn route(&self, path: &str) -> Routed<S::Data> {
+    pub(super) fn route(&self, path: &str) -> Routed<S> {
         let routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
         let others = self
             .sandboxes

@@ -14,8 +14,9 @@ use crate::interfaces::env::ServiceEnv;
 use crate::interfaces::view::View;
 use crate::ops::Ops;
 
-/// What incoming HTTP takes from the runtime.
-pub(crate) trait Sandboxes: Send + Sync + 'static {
+/// What incoming HTTP takes from the runtime; cheap to clone (a WASI 0.3 service's
+/// instances make their stores with a clone).
+pub(crate) trait Sandboxes: Clone + Send + Sync + 'static {
     /// The data of a request's store.
     type Data: View;
 

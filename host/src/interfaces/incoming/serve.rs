@@ -16,19 +16,21 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use wasmtime::Store;
 use wasmtime::component::Resource;
+use wasmtime_wasi_http::handler::InstantiationError;
+use wasmtime_wasi_http::p2::bindings::ProxyPre;
 use wasmtime_wasi_http::p2::bindings::http::types::{ErrorCode, Scheme};
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 use wasmtime_wasi_http::p2::types::{HostIncomingRequest, HostResponseOutparam};
-use wasmtime_wasi_http::{Error, WasiHttpView as _};
+use wasmtime_wasi_http::{Error, WasiBody, WasiHttpView as _};
 
 use super::body;
-use super::pool::Instance;
-use super::routes::{Entry, Routed, Shared};
+use super::concurrent::Concurrent;
+use super::pool::{Instance, Pool};
+use super::routes::{Entry, Handler, Routed, Shared};
 use super::sandboxes::Sandboxes;
 use super::spin;
 use crate::interfaces::env::Fenced;
 use crate::interfaces::outgoing::TOKEN_HEADER;
-use crate::interfaces::view::View;
 use crate::ops::RunningGuard;
 
 /// Why a connection is aborted instead of answered: the lease deadline passed before the
@@ -81,7 +83,7 @@ pub(super) async fn serve<S: Sandboxes>(
 /// 503 (or 504, or 500 when the handler gave no response).
 async fn handle<S: Sandboxes>(
     shared: &Shared<S>,
-    entry: Arc<Entry<S::Data>>,
+    entry: Arc<Entry<S>>,
     req: Request<Incoming>,
 ) -> Result<Response<HyperOutgoingBody>, Aborted> {
     // Admitted only under the lease: the term is the environment's, pinned from here on.
@@ -105,9 +107,17 @@ async fn handle<S: Sandboxes>(
         );
         return Ok(unavailable("busy\n"));
     };
+    let timeout_at = Instant::now() + limits.request_timeout;
+    let (pre, pool) = match &entry.handler {
+        Handler::P2 { pre, pool } => (pre, pool),
+        Handler::P3(instances) => {
+            let req = req.map(|body| limited(body, max_body).boxed_unsync());
+            return concurrent(&entry, instances, req, timeout_at, permit).await;
+        }
+    };
     // A reused instance, if one waits (every request's calls are fenced per call all the
     // same), else a fresh store.
-    let ready = match entry.pool.take() {
+    let ready = match pool.take() {
         Some(instance) => Ready::Reused(instance),
         None => match shared.sandboxes.store(&entry.env) {
             Ok(store) => Ready::Fresh(store),
@@ -129,11 +139,12 @@ async fn handle<S: Sandboxes>(
     let Ok((request, out)) = resources else {
         return Ok(plain(StatusCode::BAD_REQUEST, "bad request\n"));
     };
-    let timeout_at = Instant::now() + limits.request_timeout;
     let broken = CancellationToken::new();
     let unstarted = CancellationToken::new();
     let call = Call {
         entry: Arc::clone(&entry),
+        pre: pre.clone(),
+        pool: Arc::clone(pool),
         broken: broken.clone(),
         unstarted: unstarted.clone(),
         timeout_at,
@@ -156,6 +167,76 @@ async fn handle<S: Sandboxes>(
     answer(&entry, head, timeout_at, broken)
 }
 
+/// Handles `req` for the WASI 0.3 service of `entry` on one of its `instances` (which takes
+/// it beside others): its response, cut if its instance fails before it ends; or the host's
+/// 503 (no instance to be had), 504 (the request timeout), or 500 (the handler's error).
+async fn concurrent<S: Sandboxes>(
+    entry: &Entry<S>,
+    instances: &Concurrent<S>,
+    req: Request<WasiBody>,
+    timeout_at: Instant,
+    permit: OwnedSemaphorePermit,
+) -> Result<Response<HyperOutgoingBody>, Aborted> {
+    let _in_flight = entry.metrics.in_flight();
+    let broken = CancellationToken::new();
+    let head = tokio::select! {
+        head = instances.handle(broken.clone(), req) => head,
+        () = entry.env.deadline.passed() => return Err(Aborted),
+        () = tokio::time::sleep_until(timeout_at) => {
+            return Ok(plain(StatusCode::GATEWAY_TIMEOUT, "request timeout\n"));
+        }
+    };
+    let head = match head {
+        Ok(response) => Ok(Ok(response)),
+        Err(e) if e.is::<InstantiationError<CancellationToken>>() => {
+            let service = &*entry.env.name;
+            tracing::error!(service, error = %format!("{e:#}"), "request: no instance");
+            return Ok(unavailable("no instance available\n"));
+        }
+        Err(e) => {
+            tracing::warn!(service = &*entry.env.name, error = %format!("{e:#}"), "request: the handler failed");
+            Ok(Err(ErrorCode::InternalError(Some(e.to_string()))))
+        }
+    };
+    // The place in the service's concurrency is held until the response ends.
+    answer(entry, head, timeout_at, broken).map(|response| {
+        response.map(|body| {
+            Permitted {
+                body,
+                _permit: permit,
+            }
+            .boxed_unsync()
+        })
+    })
+}
+
+/// A response body that holds its request's place in the service's concurrency until it
+/// ends.
+struct Permitted {
+    body: HyperOutgoingBody,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl hyper::body::Body for Permitted {
+    type Data = Bytes;
+    type Error = Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
 /// `body`, ending in an error once it has given more than `max` bytes (a body of unknown
 /// length, chunked): the guest's read fails rather than the host buffering on.
 fn limited(body: Incoming, max: u64) -> impl hyper::body::Body<Data = Bytes, Error = Error> {
@@ -168,8 +249,8 @@ fn limited(body: Incoming, max: u64) -> impl hyper::body::Body<Data = Bytes, Err
 }
 
 /// The response to send for the handler's `head` (or why there is none).
-fn answer<T: 'static>(
-    entry: &Entry<T>,
+fn answer<S: Sandboxes>(
+    entry: &Entry<S>,
     head: Result<Result<Response<HyperOutgoingBody>, ErrorCode>, RecvError>,
     timeout_at: Instant,
     broken: CancellationToken,
@@ -198,8 +279,12 @@ fn answer<T: 'static>(
 
 /// The handler's call for one request, on a task of its own (its body may stream after the
 /// head is sent); `T` its store's data.
-struct Call<T: 'static> {
-    entry: Arc<Entry<T>>,
+struct Call<S: Sandboxes> {
+    entry: Arc<Entry<S>>,
+    /// Its service's component (WASI 0.2).
+    pre: ProxyPre<S::Data>,
+    /// Its service's idle instances.
+    pool: Arc<Pool<Instance<S::Data>>>,
     /// Cancelled when the call did not complete, before its store is dropped.
     broken: CancellationToken,
     /// Cancelled when no instance could be made for it (before `broken`).
@@ -234,10 +319,10 @@ impl<T: 'static> Ready<T> {
     }
 }
 
-impl<T: View> Call<T> {
+impl<S: Sandboxes> Call<S> {
     async fn run(
         self,
-        ready: Ready<T>,
+        ready: Ready<S::Data>,
         request: Resource<HostIncomingRequest>,
         out: Resource<HostResponseOutparam>,
     ) {
@@ -255,7 +340,7 @@ impl<T: View> Call<T> {
         };
         // In a block of its own: the call (and its borrow of the store) ends with it.
         let outcome = {
-            let pre = &self.entry.pre;
+            let pre = &self.pre;
             let call = async {
                 let proxy = if let Some(proxy) = proxy {
                     proxy
@@ -296,7 +381,7 @@ impl<T: View> Call<T> {
                     served: served + 1,
                     metrics: self.entry.metrics.clone(),
                 };
-                self.entry.pool.give_back(instance);
+                self.pool.give_back(instance);
                 Ok(())
             }
             Err(reason) => {

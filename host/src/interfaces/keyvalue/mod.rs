@@ -211,6 +211,14 @@ impl Interfaces {
     }
 }
 
+impl<'a> Kv<'a> {
+    /// The key-value calls of an instance of `env`'s service with `access` (one whose state
+    /// is out of reach: a call of WASI 0.3, awaited outside the store).
+    pub(crate) fn of(env: &'a ServiceEnv, access: &'a KvAccess) -> Self {
+        Self { env, access }
+    }
+}
+
 impl Kv<'_> {
     /// Opens bucket `name` (see the module's docs).
     pub(crate) fn open(&self, name: &str) -> Result<Bucket, KvError> {

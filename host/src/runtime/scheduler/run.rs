@@ -132,7 +132,7 @@ async fn call(rt: &Runtime, svc: &Loaded, env: &Arc<ServiceEnv>, fire: FireTime)
                 Ok(i) => i,
                 Err(e) => return ended(Err(e), handles),
             };
-            let call = instance.wasi_cli_run().call_run(&mut store);
+            let call = instance.call_run(&mut store);
             until_stopped(env, call)
                 .await
                 .map(|r| r.map(|r| r.map_err(|()| "the command exited with an error".to_owned())))
