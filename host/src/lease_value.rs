@@ -17,6 +17,14 @@
 //!          | [name, version, since, state, restarts, reason, until_ms, schedule, reuse]
 //! ```
 //!
+//! A standby's candidacy record (SPEC §13, agreement) carries the services it has loaded in
+//! the same form of value, so that a leader handing it the slot copies a value every reader
+//! reads, and its services part, an object rather than an array, says that nothing runs yet:
+//!
+//! ```text
+//! value    = holder | holder "\n" {"loaded": {name: version, ...}}
+//! ```
+//!
 //! `since` is Unix seconds; `state` is `running`, `backing-off` or `stopped`; `reason` (or
 //! `null`) is cut to [`MAX_REASON_CHARS`]; `until_ms` (or `null`) is when a service backing
 //! off starts again, Unix milliseconds. `schedule`, for a scheduled service, is a JSON object
@@ -30,6 +38,7 @@
 //! Everything that compares values (compare-and-delete, the campaign's own-record check)
 //! compares the whole value or the [`holder`] part, never a prefix.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -204,6 +213,32 @@ pub fn cut(reason: &str) -> String {
     }
 }
 
+/// The version of each service a host has loaded, by name: the first 12 hex digits of the
+/// SHA-256 of its component, as [`ServiceStatus::version`].
+pub type Versions = BTreeMap<String, String>;
+
+/// The value of a candidacy record of `holder` with the services it has `loaded`.
+pub fn candidate(holder: &str, loaded: &Versions) -> String {
+    if loaded.is_empty() {
+        return holder.to_owned();
+    }
+    let json = serde_json::json!({ "loaded": loaded });
+    format!("{holder}\n{json}")
+}
+
+/// The services a record's value says its host has loaded, by name: a candidacy's loaded set,
+/// or every service under a lease (whatever its state); `None` when the value says nothing of
+/// them (a bare holder: an older record, a leader whose services have not started, a host
+/// without any), or cannot be read.
+pub fn versions(value: &str) -> Option<Versions> {
+    let (_, json) = value.split_once('\n')?;
+    if let Ok(candidate) = serde_json::from_str::<BTreeMap<String, Versions>>(json) {
+        return candidate.get("loaded").cloned();
+    }
+    let services = services(value);
+    (!services.is_empty()).then(|| services.into_iter().map(|s| (s.name, s.version)).collect())
+}
+
 /// The holder part of a record's value.
 pub fn holder(value: &str) -> &str {
     value.split_once('\n').map_or(value, |(holder, _)| holder)
@@ -312,6 +347,30 @@ impl RunningReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A candidacy's loaded set and a leader's services read back as the same kind of set; a
+    /// candidacy's value carries no running service, and its holder part is the holder.
+    #[test]
+    fn a_candidacy_and_a_lease_say_which_versions_their_host_has_loaded() {
+        let loaded = Versions::from([
+            ("hello".to_owned(), "0c9766887530".to_owned()),
+            ("ticker".to_owned(), "11def412bec5".to_owned()),
+        ]);
+        let value = candidate("b/2/ff", &loaded);
+        assert_eq!(holder(&value), "b/2/ff");
+        assert_eq!(versions(&value), Some(loaded.clone()));
+        assert!(services(&value).is_empty(), "nothing runs on a standby");
+        assert_eq!(candidate("b/2/ff", &Versions::new()), "b/2/ff");
+        assert_eq!(versions("b/2/ff"), None);
+        let mut ticker = svc("ticker", 1);
+        ticker.version = "11def412bec5".into();
+        ticker.state = ServiceState::Stopped;
+        let mut hello = svc("hello", 1);
+        hello.version = "0c9766887530".into();
+        let lease = encode("a/1/ee", &[hello, ticker]);
+        assert_eq!(versions(&lease), Some(loaded));
+        assert_eq!(versions("a/1/ee\nnot json"), None);
+    }
 
     fn svc(name: &str, since: u64) -> ServiceStatus {
         ServiceStatus::running(name, "0123456789ab", since)

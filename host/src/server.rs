@@ -158,6 +158,7 @@ async fn serve_together(
             // One holder value per campaign: a delayed delete of an earlier campaign's
             // record can never remove this one's.
             holder: holder_value(),
+            require_same_services: settings.require_same_services,
         };
         let vvm = Vvm::provide(config, store.shared(), Arc::clone(services), ops.clone())
             .with_holder_locks(holder_locks.clone())
@@ -372,6 +373,10 @@ fn needs_restart(a: &Settings, b: &Settings) -> Vec<&'static str> {
             a.restart_backoff_max != b.restart_backoff_max,
         ),
         ("kv", a.kv != b.kv),
+        (
+            "require-same-services",
+            a.require_same_services != b.require_same_services,
+        ),
     ];
     differs
         .into_iter()

@@ -7,10 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::lease::LeaseDeadline;
-use crate::lease_value::RunningReport;
+use crate::lease_value::{RunningReport, Versions};
 use crate::problem::ProblemReporter;
 use crate::store::{Store, Term};
 
@@ -68,6 +69,14 @@ pub trait Services: Send + Sync + 'static {
     /// Starts every service under `ctx.lease`; returns once all have started. Must return
     /// promptly (with what did start) once `ctx.stopping` is cancelled.
     async fn start(&self, ctx: ServiceContext) -> Result<Box<dyn RunningServices>, ServiceError>;
+
+    /// The version of each service loaded now, by name, changing as the services do (a
+    /// file replaced, added or removed while serving): what this host would run if it led,
+    /// and publishes to the fleet (SPEC §13). Call within a tokio runtime. A set without
+    /// versions (a double) is empty and never changes.
+    fn versions(&self) -> watch::Receiver<Versions> {
+        watch::channel(Versions::new()).1
+    }
 }
 
 /// Services started for one leadership.

@@ -44,10 +44,9 @@ pub fn install(dir: &Path, guests: &[(&str, &str)]) {
 /// No guest toolchain emits one; the component model allows it.
 pub fn spinning_at_instantiation() -> Vec<u8> {
     use wasm_encoder::{
-        Alias, BlockType, CanonicalFunctionSection, CodeSection, Component, ComponentAliasSection,
-        ComponentExportKind, ComponentExportSection, ComponentInstanceSection,
-        ComponentTypeSection, ComponentValType, ExportKind, ExportSection, Function,
-        FunctionSection, InstanceSection, Instruction, Module, ModuleSection, StartSection,
+        BlockType, CanonicalFunctionSection, CodeSection, ComponentExportKind,
+        ComponentExportSection, ComponentInstanceSection, ComponentTypeSection, ComponentValType,
+        ExportKind, ExportSection, Function, FunctionSection, Instruction, Module, StartSection,
         TypeSection, ValType,
     };
     let mut module = Module::new();
@@ -75,18 +74,7 @@ pub fn spinning_at_instantiation() -> Vec<u8> {
         .section(&StartSection { function_index: 0 })
         .section(&code);
 
-    let mut component = Component::new();
-    component.section(&ModuleSection(&module));
-    let mut instances = InstanceSection::new();
-    instances.instantiate(0, Vec::<(&str, wasm_encoder::ModuleArg)>::new());
-    component.section(&instances);
-    let mut aliases = ComponentAliasSection::new();
-    aliases.alias(Alias::CoreInstanceExport {
-        instance: 0,
-        kind: ExportKind::Func,
-        name: "run",
-    });
-    component.section(&aliases);
+    let mut component = running_core(&module);
     let mut component_types = ComponentTypeSection::new();
     component_types.defined_type().result(None, None);
     component_types
@@ -106,15 +94,35 @@ pub fn spinning_at_instantiation() -> Vec<u8> {
     component.finish()
 }
 
+/// A component that instantiates `module` (no imports) and aliases its core function `run` as
+/// core function 0, to be lifted.
+fn running_core(module: &wasm_encoder::Module) -> wasm_encoder::Component {
+    use wasm_encoder::{
+        Alias, Component, ComponentAliasSection, ExportKind, InstanceSection, ModuleSection,
+    };
+    let mut component = Component::new();
+    component.section(&ModuleSection(module));
+    let mut instances = InstanceSection::new();
+    instances.instantiate(0, Vec::<(&str, wasm_encoder::ModuleArg)>::new());
+    component.section(&instances);
+    let mut aliases = ComponentAliasSection::new();
+    aliases.alias(Alias::CoreInstanceExport {
+        instance: 0,
+        kind: ExportKind::Func,
+        name: "run",
+    });
+    component.section(&aliases);
+    component
+}
+
 /// A component that exports `run` lifted `async` without a callback: it needs the component
 /// model's *stackful* async, which wasmtime 48 does not enable by default (no toolchain that
 /// targets WASI 0.2 or 0.3 emits it).
 pub fn stackful_async() -> Vec<u8> {
     use wasm_encoder::{
-        Alias, CanonicalFunctionSection, CanonicalOption, CodeSection, Component,
-        ComponentAliasSection, ComponentExportKind, ComponentExportSection, ComponentTypeSection,
-        ComponentValType, ExportKind, ExportSection, Function, FunctionSection, InstanceSection,
-        Instruction, Module, ModuleSection, TypeSection,
+        CanonicalFunctionSection, CanonicalOption, CodeSection, ComponentExportKind,
+        ComponentExportSection, ComponentTypeSection, ComponentValType, ExportKind, ExportSection,
+        Function, FunctionSection, Instruction, Module, TypeSection,
     };
     let mut module = Module::new();
     let mut types = TypeSection::new();
@@ -133,18 +141,7 @@ pub fn stackful_async() -> Vec<u8> {
         .section(&exports)
         .section(&code);
 
-    let mut component = Component::new();
-    component.section(&ModuleSection(&module));
-    let mut instances = InstanceSection::new();
-    instances.instantiate(0, Vec::<(&str, wasm_encoder::ModuleArg)>::new());
-    component.section(&instances);
-    let mut aliases = ComponentAliasSection::new();
-    aliases.alias(Alias::CoreInstanceExport {
-        instance: 0,
-        kind: ExportKind::Func,
-        name: "run",
-    });
-    component.section(&aliases);
+    let mut component = running_core(&module);
     let mut component_types = ComponentTypeSection::new();
     component_types
         .function()

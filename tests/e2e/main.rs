@@ -10,6 +10,7 @@ mod cli;
 mod docs;
 mod etcd;
 mod fencing;
+mod fleet;
 mod incoming_http;
 mod incoming_limits;
 mod incoming_takeover;

@@ -237,6 +237,11 @@ pub struct ServeArgs {
     #[arg(long, env = "VVM_RESTART_BACKOFF_MAX", value_parser = config::parse_duration, allow_hyphen_values = true,
         help = format!("The longest wait between restarts of a failing service; each failure in a row doubles the wait from 100ms up to this [default: {}]", show(config::DEFAULT_RESTART_BACKOFF_MAX)))]
     pub restart_backoff_max: Option<Duration>,
+    /// A standby whose services (their versions) differ from the leader's does not campaign,
+    /// and its /healthz is 503, until they are the same [default: false].
+    #[arg(long, env = "VVM_REQUIRE_SAME_SERVICES", value_name = "BOOL", num_args = 0..=1,
+        default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub require_same_services: Option<bool>,
     /// The most connections open on http-addr at once; at the cap the one that has waited
     /// longest for a request head is closed for a new one [default: half the open file limit
     /// the host does not keep, at most 10000].
@@ -317,6 +322,7 @@ impl ServeArgs {
             lock_dir: self.lock_dir.clone(),
             placement: self.placement,
             restart_backoff_max: self.restart_backoff_max,
+            require_same_services: self.require_same_services,
             incoming_http: Some(IncomingHttpConfig {
                 max_connections: self.max_connections,
                 header_timeout: self.header_timeout,

@@ -6,8 +6,10 @@ use std::process::ExitCode;
 
 use super::StoreArgs;
 use crate::config::{self, Placement};
-use crate::keys::{HAND_OVER_PREFIX, MEMBER_PREFIX, SERVICE_PREFIX, slot_key};
-use crate::lease_value::{self, ServiceState, ServiceStatus};
+use std::collections::BTreeMap;
+
+use crate::keys::{CANDIDATE_PREFIX, HAND_OVER_PREFIX, MEMBER_PREFIX, SERVICE_PREFIX, slot_key};
+use crate::lease_value::{self, ServiceState, ServiceStatus, Versions};
 use crate::runtime::RuntimeConfig;
 use crate::store::{self, Record};
 
@@ -25,6 +27,12 @@ use crate::store::{self, Record};
 /// "time_left_ms"}]`, `"claims": [{"service", "holder", "term", "time_left_ms"}]`, always
 /// present). Services handed over after a failure within the last hour are listed too (JSON:
 /// `"hand_overs": [{"service", "record", "time_left_ms"}]`, the record as the host wrote it).
+/// Then, if any host stands by or any differs, every host of the store (SPEC §13): leaders,
+/// standbys and spread members, with the
+/// version of each service it has loaded where its record says, and each service whose
+/// hosts hold different versions, flagged (JSON: `"hosts": [{"holder", "role", "slot",
+/// "services"}]`, `role` `leader`, `standby` or `member`, `services` `{name: version}` or
+/// `null`; `"differences": [{"service", "versions": {holder: version or null}}]`).
 /// Safe while hosts serve.
 pub(super) async fn status(args: &StoreArgs, json: bool) -> anyhow::Result<ExitCode> {
     let settings = args.settings()?;
@@ -45,9 +53,11 @@ pub(super) async fn status(args: &StoreArgs, json: bool) -> anyhow::Result<ExitC
     {
         print_spread(&mut out, &seen.members, &seen.claims)?;
         print_hand_overs(&mut out, &seen.hand_overs)?;
+        print_hosts(&mut out, &seen.hosts())?;
     } else {
         print_slots(&mut out, &seen.slots)?;
         print_hand_overs(&mut out, &seen.hand_overs)?;
+        print_hosts(&mut out, &seen.hosts())?;
     }
     emit(&out)?;
     Ok(ExitCode::SUCCESS)
@@ -59,7 +69,23 @@ struct Seen {
     members: Vec<(String, Record)>,
     claims: Vec<(String, Record)>,
     hand_overs: Vec<(String, Record)>,
+    /// The standbys' candidacies whose process may be alive (a dead one's record outlives it
+    /// on redb; [`crate::holder::can_take_over`]).
+    candidates: Vec<(String, Record)>,
 }
+
+/// One host of the store, as its record shows it.
+struct HostSeen {
+    holder: String,
+    role: &'static str,
+    slot: Option<u32>,
+    /// The version of each service it has loaded, if its record says.
+    services: Option<Versions>,
+}
+
+/// Which host holds which version of one service, when they are not all the same (`None`:
+/// the host does not have it).
+type Difference = (String, BTreeMap<String, Option<String>>);
 
 impl Seen {
     /// The slots `1..=cluster_size`, members, claims and handovers among `records` (every
@@ -87,7 +113,37 @@ impl Seen {
             members: under(MEMBER_PREFIX),
             claims: under(SERVICE_PREFIX),
             hand_overs: under(HAND_OVER_PREFIX),
+            candidates: under(CANDIDATE_PREFIX)
+                .into_iter()
+                .filter(|(_, r)| crate::holder::can_take_over(lease_value::holder(&r.value)))
+                .collect(),
         }
+    }
+
+    /// Every host: the slots' leaders, the standbys, the spread members.
+    fn hosts(&self) -> Vec<HostSeen> {
+        let leaders = self.slots.iter().filter_map(|(slot, record)| {
+            let r = record.as_ref()?;
+            Some(HostSeen {
+                holder: lease_value::holder(&r.value).to_owned(),
+                role: "leader",
+                slot: Some(*slot),
+                services: lease_value::versions(&r.value),
+            })
+        });
+        let standbys = self.candidates.iter().map(|(_, r)| HostSeen {
+            holder: lease_value::holder(&r.value).to_owned(),
+            role: "standby",
+            slot: None,
+            services: lease_value::versions(&r.value),
+        });
+        let members = self.members.iter().map(|(_, r)| HostSeen {
+            holder: lease_value::holder(&r.value).to_owned(),
+            role: "member",
+            slot: None,
+            services: lease_value::versions(&r.value),
+        });
+        leaders.chain(standbys).chain(members).collect()
     }
 
     /// The JSON object [`status`] documents.
@@ -139,8 +195,24 @@ impl Seen {
                 })
             })
             .collect();
+        let seen_hosts = self.hosts();
+        let hosts: Vec<_> = seen_hosts
+            .iter()
+            .map(|h| {
+                serde_json::json!({
+                    "holder": h.holder, "role": h.role, "slot": h.slot, "services": h.services,
+                })
+            })
+            .collect();
+        let differences: Vec<_> = differences(&seen_hosts)
+            .into_iter()
+            .map(
+                |(service, versions)| serde_json::json!({"service": service, "versions": versions}),
+            )
+            .collect();
         serde_json::json!({
             "slots": slots, "members": members, "claims": claims, "hand_overs": hand_overs,
+            "hosts": hosts, "differences": differences,
         })
     }
 }
@@ -321,6 +393,59 @@ fn print_spread(
             c.term,
             c.time_left.as_secs_f64()
         )?;
+    }
+    Ok(())
+}
+
+/// The services whose hosts (those whose records say what they have loaded) do not all hold
+/// the same version, by name.
+fn differences(hosts: &[HostSeen]) -> Vec<Difference> {
+    let known: Vec<(&str, &Versions)> = hosts
+        .iter()
+        .filter_map(|h| Some((h.holder.as_str(), h.services.as_ref()?)))
+        .collect();
+    let mut names: Vec<&String> = known.iter().flat_map(|(_, v)| v.keys()).collect();
+    names.sort();
+    names.dedup();
+    names
+        .into_iter()
+        .filter_map(|name| {
+            let versions: BTreeMap<String, Option<String>> = known
+                .iter()
+                .map(|(holder, v)| ((*holder).to_owned(), v.get(name).cloned()))
+                .collect();
+            let first = versions.values().next()?;
+            let differ = versions.values().any(|v| v != first);
+            differ.then(|| (name.clone(), versions))
+        })
+        .collect()
+}
+
+/// Every host, with the versions it has loaded, and the services whose hosts differ; nothing
+/// when no host stands by and none differs (the holders are in the table above).
+fn print_hosts(out: &mut impl Write, hosts: &[HostSeen]) -> std::io::Result<()> {
+    let differences = differences(hosts);
+    if differences.is_empty() && hosts.iter().all(|h| h.role != "standby") {
+        return Ok(());
+    }
+    writeln!(out)?;
+    writeln!(out, "{:<8} {:<48} SERVICES", "HOST", "HOLDER")?;
+    for h in hosts {
+        let services = h.services.as_ref().map_or_else(
+            || "(not reported)".to_owned(),
+            |v| {
+                let each: Vec<String> = v.iter().map(|(n, v)| format!("{n} {v}")).collect();
+                each.join(", ")
+            },
+        );
+        writeln!(out, "{:<8} {:<48} {services}", h.role, h.holder)?;
+    }
+    for (service, versions) in differences {
+        let each: Vec<String> = versions
+            .iter()
+            .map(|(holder, v)| format!("{} on {holder}", v.as_deref().unwrap_or("none")))
+            .collect();
+        writeln!(out, "DIFFERS  {service}: {}", each.join("; "))?;
     }
     Ok(())
 }

@@ -93,6 +93,9 @@ pub struct FileConfig {
     /// The longest wait between restarts of a failing service, e.g. `"5m"`.
     #[serde(default, with = "opt_duration")]
     pub restart_backoff_max: Option<Duration>,
+    /// Whether a standby whose services differ from the leader's stays out of the campaign
+    /// (default false).
+    pub require_same_services: Option<bool>,
     /// etcd client options.
     pub etcd: Option<EtcdFileConfig>,
     /// `[kv]`: every service's key-value limits, unless its own table sets one.
@@ -261,6 +264,8 @@ pub struct Settings {
     pub placement: Placement,
     /// The longest wait between restarts of a failing service (per service: its grant).
     pub restart_backoff_max: Duration,
+    /// Whether a standby whose services differ from the leader's stays out of the campaign.
+    pub require_same_services: bool,
     /// Key-value limits of every service (per service: its grant), from the file's `[kv]`.
     pub kv: KvLimitsConfig,
     /// Outgoing HTTP limits of every service (per service: its grant), from the file's
@@ -358,6 +363,10 @@ impl Settings {
                 .restart_backoff_max
                 .or(file.restart_backoff_max)
                 .unwrap_or(DEFAULT_RESTART_BACKOFF_MAX),
+            require_same_services: flags
+                .require_same_services
+                .or(file.require_same_services)
+                .unwrap_or(false),
             services,
             kv: file.kv.unwrap_or_default(),
             outgoing_http: file.outgoing_http.unwrap_or_default(),

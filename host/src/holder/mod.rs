@@ -38,7 +38,8 @@ fn this_run() -> &'static str {
 pub(crate) fn candidates() -> Candidates {
     Candidates {
         prefix: CANDIDATE_PREFIX.to_owned(),
-        eligible: Arc::new(can_take_over),
+        // A candidacy's value may carry its services after the holder (`lease_value`).
+        eligible: Arc::new(|value: &str| can_take_over(crate::lease_value::holder(value))),
     }
 }
 

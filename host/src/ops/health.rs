@@ -4,7 +4,9 @@
 //! must be over (every store call they make is bounded, so a live loop always meets it). A host
 //! is *wedged* once that moment is more than `L/4` past, as client-go's `HealthzAdaptor` reports
 //! a leader whose renewals stalled: the async runtime is blocked, or a loop is stuck in a bug.
-//! Nothing scheduled (serving no VVM, backing off) is healthy.
+//! Nothing scheduled (serving no VVM, backing off) is healthy. A standby that will not
+//! campaign (`require-same-services` and other bits than the leader's, SPEC §13) is unhealthy
+//! for as long as it refuses, with the reason: it cannot take over.
 //!
 //! Publishing is a clock read and a watch-channel write; `/healthz` only reads the channel, so
 //! the endpoint can never hold up a renewal.
@@ -22,12 +24,15 @@ pub struct Health {
     clock: Arc<dyn Clock>,
     /// When the host counts as wedged if no newer step has been published: due + L/4.
     wedged_after: Arc<watch::Sender<Option<Timestamp>>>,
+    /// Why this host will not campaign, while it will not.
+    refusing: Arc<watch::Sender<Option<String>>>,
 }
 
 impl std::fmt::Debug for Health {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Health")
             .field("wedged_after", &*self.wedged_after.borrow())
+            .field("refusing", &*self.refusing.borrow())
             .finish_non_exhaustive()
     }
 }
@@ -38,6 +43,7 @@ impl Health {
         Self {
             clock,
             wedged_after: Arc::new(watch::Sender::new(None)),
+            refusing: Arc::new(watch::Sender::new(None)),
         }
     }
 
@@ -54,6 +60,16 @@ impl Health {
     /// No step is scheduled (no VVM running): healthy until the next [`Health::step_due_in`].
     pub fn idle(&self) {
         self.wedged_after.send_replace(None);
+    }
+
+    /// The host will not campaign, for `reason` (`Some`), or will again (`None`).
+    pub fn refusing(&self, reason: Option<String>) {
+        self.refusing.send_replace(reason);
+    }
+
+    /// Why the host will not campaign, while it will not.
+    pub fn refusal(&self) -> Option<String> {
+        self.refusing.borrow().clone()
     }
 
     /// How long past `due + L/4` the awaited step is, or `None` while healthy.

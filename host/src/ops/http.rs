@@ -247,8 +247,13 @@ fn router(ops: Ops) -> Router {
         .with_state(ops)
 }
 
-/// 200 while the host works; 503 once a renewal or campaign step is overdue by more than L/4.
+/// 200 while the host works; 503 once a renewal or campaign step is overdue by more than L/4,
+/// or while it will not campaign (`require-same-services`).
 async fn healthz(State(ops): State<Ops>) -> Response {
+    if let Some(reason) = ops.health().refusal() {
+        let body = format!("not campaigning: {reason}\n");
+        return (StatusCode::SERVICE_UNAVAILABLE, body).into_response();
+    }
     match ops.health().overdue() {
         None => (StatusCode::OK, "ok\n").into_response(),
         Some(by) => (

@@ -39,6 +39,7 @@ pub(super) struct Metrics {
     service_failures: Family<ServiceLabels, Counter>,
     effects_refused: Family<ServiceLabels, Counter>,
     service_state: Family<StateLabels, Gauge>,
+    service_differs: Family<ServiceLabels, Gauge>,
     /// Guests' key-value writes and refusals, per service.
     pub kv: KvMetrics,
     /// The group commit of guests' key-value writes.
@@ -68,6 +69,7 @@ impl Metrics {
             service_failures: Family::default(),
             effects_refused: Family::default(),
             service_state: Family::default(),
+            service_differs: Family::default(),
             kv,
             commits,
             http,
@@ -106,6 +108,12 @@ impl Metrics {
             "1 for the state each loaded service is in (running, backing-off, stopped), else 0",
             self.service_state.clone(),
         );
+        r.register(
+            "vvm_service_differs_from_leader",
+            "1 while this standby's version of a service differs from the one the leader runs \
+             (or only one of them has it), else 0",
+            self.service_differs.clone(),
+        );
     }
 
     /// Service `service` was loaded: every per-service series exists from now on, at 0 (so
@@ -134,6 +142,7 @@ impl Metrics {
         self.kv.service_removed(service);
         self.http.service_removed(service);
         self.incoming.service_removed(service);
+        self.service_differs.remove(&counter_labels(service));
         for state in SERVICE_STATES {
             self.service_state.remove(&StateLabels {
                 service: service.to_owned(),
@@ -161,6 +170,13 @@ impl Metrics {
                 })
                 .set(i64::from(s == state));
         }
+    }
+
+    /// Whether this standby's version of `service` `differs` from the leader's.
+    pub fn service_differs(&self, service: &str, differs: bool) {
+        self.service_differs
+            .get_or_create(&counter_labels(service))
+            .set(i64::from(differs));
     }
 
     pub fn service_failed(&self, service: &str) {

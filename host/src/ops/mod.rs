@@ -170,6 +170,12 @@ impl Ops {
         self.inner.metrics.service_state(service, state.name());
     }
 
+    /// Whether this standby's version of `service` `differs` from the one the leader runs
+    /// (`vvm_service_differs_from_leader`, SPEC §13).
+    pub fn service_differs(&self, service: &str, differs: bool) {
+        self.inner.metrics.service_differs(service, differs);
+    }
+
     /// A run of `service` failed.
     pub fn service_failed(&self, service: &str) {
         self.inner.metrics.service_failed(service);

@@ -567,22 +567,27 @@ mod tests {
 
     /// A component wasmtime cannot compile is rejected with wasmtime's error as the source,
     /// and a message that still says it all.
+    /// How loading the file `path` on `engine` (its cache beside it) fails.
+    fn load_error(engine: &Engine, path: &Path) -> LoadError {
+        let linker = Linker::new(engine);
+        let mut compiler = Compiler {
+            engine,
+            cache_dir: path.parent().unwrap(),
+            stats: LoadStats::default(),
+        };
+        match compiler.load(&ServiceFile::read(path).unwrap(), &linker) {
+            Ok(_) => panic!("{} loaded", path.display()),
+            Err(e) => e,
+        }
+    }
+
     #[test]
     fn a_compile_error_keeps_wasmtime_s_error_as_its_source() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("truncated.wasm");
         // A component header, then nothing: past the header check, refused by wasmtime.
         std::fs::write(&path, b"\0asm\x0d\0\x01\0\x01").unwrap();
-        let engine = Engine::default();
-        let linker = Linker::new(&engine);
-        let mut compiler = Compiler {
-            engine: &engine,
-            cache_dir: dir.path(),
-            stats: LoadStats::default(),
-        };
-        let Err(e) = compiler.load(&ServiceFile::read(&path).unwrap(), &linker) else {
-            panic!("a truncated component loaded");
-        };
+        let e = load_error(&Engine::default(), &path);
         let LoadErrorKind::Compile(cause) = &e.kind else {
             panic!("{e}");
         };
@@ -605,16 +610,7 @@ mod tests {
         let path = dir.path().join("stackful.wasm");
         std::fs::write(&path, testkit::guests::stackful_async()).unwrap();
         let config = crate::runtime::RuntimeConfig::new(dir.path());
-        let engine = crate::runtime::engine::build(&config).unwrap();
-        let linker = Linker::new(&engine);
-        let mut compiler = Compiler {
-            engine: &engine,
-            cache_dir: dir.path(),
-            stats: LoadStats::default(),
-        };
-        let Err(e) = compiler.load(&ServiceFile::read(&path).unwrap(), &linker) else {
-            panic!("a stackful async component loaded");
-        };
+        let e = load_error(&crate::runtime::engine::build(&config).unwrap(), &path);
         assert_eq!(
             e.kind.to_string(),
             "not a valid component: it uses the component model async stackful feature, \

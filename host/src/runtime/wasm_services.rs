@@ -22,6 +22,7 @@ use super::state::Host;
 use super::{Grants, RuntimeConfig, RuntimeError};
 use crate::interfaces::incoming;
 use crate::lease::LeaseDeadline;
+use crate::lease_value::Versions;
 use crate::ops::Ops;
 use crate::services::{
     FrontDoor, RunningServices, SeparateServices, ServiceContext, ServiceError, Services,
@@ -226,6 +227,33 @@ impl Services for WasmServices {
     async fn start(&self, ctx: ServiceContext) -> Result<Box<dyn RunningServices>, ServiceError> {
         let (rt, http) = (Arc::clone(&self.rt), Arc::clone(&self.http));
         Ok(reconcile::start(rt, http, self.catalogue.subscribe(), ctx, None).await)
+    }
+
+    /// Follows the catalogue in a task of its own, which ends once the receiver is dropped.
+    fn versions(&self) -> watch::Receiver<Versions> {
+        let versions_of = |catalogue: &Catalogue| -> Versions {
+            let versions = catalogue
+                .values()
+                .map(|s| (s.name.clone(), s.version.clone()));
+            versions.collect()
+        };
+        let mut catalogue = self.catalogue.subscribe();
+        let (tx, rx) = watch::channel(versions_of(&catalogue.borrow_and_update()));
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = tx.closed() => return,
+                    changed = catalogue.changed() => if changed.is_err() { return },
+                }
+                let now = versions_of(&catalogue.borrow_and_update());
+                tx.send_if_modified(|versions| {
+                    let changed = *versions != now;
+                    *versions = now;
+                    changed
+                });
+            }
+        });
+        rx
     }
 }
 

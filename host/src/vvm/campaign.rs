@@ -7,12 +7,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::agreement::Agreement;
 use super::{Launcher, Vvm};
 use crate::clock::Timestamp;
 use crate::elections::{ElectionError, Leadership};
 use crate::holder::crash_lock::DeadHolders;
 use crate::keys::slot_key;
-use crate::lease::retry_pause;
+use crate::lease::{renew_every, retry_pause};
 use crate::lease_value;
 use crate::problem::Problem;
 use crate::store::Record;
@@ -88,8 +89,12 @@ impl Launcher {
 
     /// Tries every slot each round until one is acquired, shutdown begins (`Ok(None)`), or
     /// the acquisition timeout passes. Between rounds it sleeps until the earliest record can
-    /// expire, waking early when the store reports a release.
-    pub(super) async fn campaign(&self) -> Result<Option<(u32, Leadership)>, Problem> {
+    /// expire, waking early when the store reports a release. Each leader's record it reads
+    /// goes to `agreement`, which may keep it from acquiring (`require-same-services`).
+    pub(super) async fn campaign(
+        &self,
+        agreement: &mut Agreement,
+    ) -> Result<Option<(u32, Leadership)>, Problem> {
         let Vvm { config, store, .. } = &self.vvm;
         let give_up_at = crate::clock::tokio_after(Instant::now(), config.acquisition_timeout);
         tracing::info!(
@@ -115,6 +120,8 @@ impl Launcher {
             };
             let mut seen_live = false;
             let handed_to_us = std::mem::take(&mut held_by_others);
+            // Our services may have changed since the last round (a reload).
+            agreement.check();
             for slot in 1..=config.cluster_size {
                 if self.shutdown.is_cancelled() {
                     return Ok(None);
@@ -123,8 +130,14 @@ impl Launcher {
                 // Held by another at our last look and released since (or its holder is gone):
                 // it may have been handed to us.
                 let handed = (may_be_handed || released_already) && handed_to_us.contains(&slot);
-                match self.try_slot(slot, &key, handed, &mut dead).await? {
-                    SlotLook::Ours(leadership) => return Ok(Some((slot, leadership))),
+                match self
+                    .try_slot(slot, &key, handed, &mut dead, agreement)
+                    .await?
+                {
+                    SlotLook::Ours(leadership) => {
+                        agreement.took_over(leadership.term());
+                        return Ok(Some((slot, leadership)));
+                    }
                     SlotLook::Stop => return Ok(None),
                     SlotLook::Again => continue 'round,
                     SlotLook::Soon(within) => wait = wait.min(within),
@@ -164,7 +177,7 @@ impl Launcher {
 
     /// One slot's turn in a round: a read if it may have been `handed` to us (which tells
     /// without the write an insert attempt is), else (or if not) an insert, and if that finds
-    /// the slot taken, a look at who holds it.
+    /// the slot taken, a look at who holds it. While `agreement` refuses, only the look.
     ///
     /// # Errors
     /// A store error that retrying cannot fix.
@@ -174,8 +187,12 @@ impl Launcher {
         key: &str,
         handed: bool,
         dead: &mut DeadHolders,
+        agreement: &mut Agreement,
     ) -> Result<SlotLook, Problem> {
         let config = &self.vvm.config;
+        if agreement.refusal().is_some() {
+            return Ok(self.look_at_taken(slot, key, dead, agreement).await);
+        }
         if handed {
             match self.take_over_if_ours(key).await {
                 Ok(Some(leadership)) => return Ok(SlotLook::Ours(leadership)),
@@ -197,15 +214,38 @@ impl Launcher {
             }
             Err(ElectionError::Store(e)) => return Err(e.into()),
         }
-        Ok(self.look_at_taken(slot, key, dead).await)
+        Ok(self.look_at_taken(slot, key, dead, agreement).await)
     }
 
-    /// Reads slot `key`, which our insert found taken, and says what the campaign does about
-    /// it.
-    async fn look_at_taken(&self, slot: u32, key: &str, dead: &mut DeadHolders) -> SlotLook {
+    /// Reads slot `key`, which our insert found taken (or which we only look at while
+    /// `agreement` refuses), and says what the campaign does about it.
+    async fn look_at_taken(
+        &self,
+        slot: u32,
+        key: &str,
+        dead: &mut DeadHolders,
+        agreement: &mut Agreement,
+    ) -> SlotLook {
         let Vvm { config, store, .. } = &self.vvm;
         let read_start = self.vvm.clock.now();
+        let refusing = agreement.refusal().is_some();
         match self.within_quarter_lease("get", key, store.get(key)).await {
+            // Handed to us while we refuse (the leader read our candidacy before we refused):
+            // give it straight back, by its exact value, for another host to take.
+            Ok(Some(record)) if refusing && lease_value::holder(&record.value) == config.holder => {
+                tracing::warn!(
+                    slot,
+                    "handed a slot while refusing to campaign; giving it back"
+                );
+                let give_back = store.compare_and_delete(key, &record.value);
+                if let Err(e) = self
+                    .within_quarter_lease("compare_and_delete", key, give_back)
+                    .await
+                {
+                    tracing::warn!(slot, error = %e, "giving the slot back failed; it will expire");
+                }
+                SlotLook::Soon(renew_every(config.lease))
+            }
             // A record with our holder value (unique per campaign) is ours: a leader handed it
             // to us as it released it, or an earlier insert of ours failed (a timeout, an
             // error) yet was applied. Take it over as it stands.
@@ -231,8 +271,11 @@ impl Launcher {
             }
             Ok(Some(record)) => {
                 dead.watch(key, lease_value::holder(&record.value));
+                agreement.saw(&record);
                 SlotLook::Held(record.time_left)
             }
+            // Free, but we refuse: look again in a while (or sooner, at a release).
+            Ok(None) if refusing => SlotLook::Soon(renew_every(config.lease)),
             Ok(None) => SlotLook::Soon(Duration::ZERO),
             Err(e) => {
                 tracing::warn!(slot, error = %e, "reading the lease failed");

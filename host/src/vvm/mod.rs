@@ -9,7 +9,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+mod agreement;
 mod campaign;
+
+use agreement::Agreement;
 
 use crate::clock::{Clock, SystemClock};
 use crate::elections::{Elections, Leadership};
@@ -35,6 +38,9 @@ pub struct VvmConfig {
     pub acquisition_timeout: Duration,
     /// This host's holder value; [`holder_value`] makes one unique per process run.
     pub holder: String,
+    /// Whether a standby whose services differ from the leader's stays out of the campaign
+    /// (`require-same-services`, SPEC §13).
+    pub require_same_services: bool,
 }
 
 impl Default for VvmConfig {
@@ -44,6 +50,7 @@ impl Default for VvmConfig {
             lease: crate::config::DEFAULT_LEASE,
             acquisition_timeout: crate::config::DEFAULT_ACQUISITION_TIMEOUT,
             holder: holder_value(),
+            require_same_services: false,
         }
     }
 }
@@ -261,20 +268,27 @@ impl Launcher {
     async fn run(self) {
         let config = &self.vvm.config;
         // While campaigning, a leader that releases its slot may hand it to us in the same
-        // write; we then find our holder in the record and take it over by reading it.
+        // write; we then find our holder in the record and take it over by reading it. The
+        // record says which services we have loaded (SPEC §13).
+        let versions = self.vvm.services.versions();
         let candidacy = self.elections.stand(
             &format!("{CANDIDATE_PREFIX}{}", config.holder),
             &config.holder,
+            versions.clone(),
             self.vvm.store.candidacy_ttl(config.lease),
             config.lease,
         );
+        let mut agreement =
+            Agreement::new(versions, config.require_same_services, self.vvm.ops.clone());
         // Shutdown may come while a store call hangs: stop campaigning at once. An insert
         // dropped mid-write is remembered by the elections, whose cleanup deletes it.
         let campaign = tokio::select! {
             biased;
             () = self.shutdown.cancelled() => Ok(None),
-            campaign = self.campaign() => campaign,
+            campaign = self.campaign(&mut agreement) => campaign,
         };
+        // Whatever came of it, this host no longer stands by.
+        self.vvm.ops.health().refusing(None);
         let leading = match campaign {
             // A slot won just as shutdown began: start nothing, the cleanup releases it.
             Ok(Some((slot, _))) if self.shutdown.is_cancelled() => {

@@ -35,6 +35,7 @@ fn config(holder: &str, slots: u32) -> VvmConfig {
         lease: L,
         acquisition_timeout: Duration::from_mins(2),
         holder: holder.to_owned(),
+        require_same_services: false,
     }
 }
 
