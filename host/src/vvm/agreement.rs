@@ -133,15 +133,17 @@ impl Agreement {
             );
         }
         self.said = now;
+        // `/healthz` first, then the line: whoever reads the line finds `/healthz` saying so.
         let refusal = self.refusal();
-        if refusal.is_some() != self.ops.health().refusal().is_some() {
+        let was_refusing = self.ops.health().refusal().is_some();
+        self.ops.health().refusing(refusal.clone());
+        if refusal.is_some() != was_refusing {
             if let Some(reason) = &refusal {
                 tracing::warn!(reason, "not campaigning (require-same-services)");
             } else if self.require_same {
                 tracing::info!("campaigning again (require-same-services)");
             }
         }
-        self.ops.health().refusing(refusal);
     }
 
     /// Why this host must not campaign now, if it must not: `require-same-services`, and its
