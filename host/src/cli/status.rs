@@ -122,27 +122,19 @@ impl Seen {
 
     /// Every host: the slots' leaders, the standbys, the spread members.
     fn hosts(&self) -> Vec<HostSeen> {
-        let leaders = self.slots.iter().filter_map(|(slot, record)| {
-            let r = record.as_ref()?;
-            Some(HostSeen {
-                holder: lease_value::holder(&r.value).to_owned(),
-                role: "leader",
-                slot: Some(*slot),
-                services: lease_value::versions(&r.value),
-            })
-        });
-        let standbys = self.candidates.iter().map(|(_, r)| HostSeen {
+        let host = |r: &Record, role, slot| HostSeen {
             holder: lease_value::holder(&r.value).to_owned(),
-            role: "standby",
-            slot: None,
+            role,
+            slot,
             services: lease_value::versions(&r.value),
-        });
-        let members = self.members.iter().map(|(_, r)| HostSeen {
-            holder: lease_value::holder(&r.value).to_owned(),
-            role: "member",
-            slot: None,
-            services: lease_value::versions(&r.value),
-        });
+        };
+        let leaders = (self.slots.iter())
+            .filter_map(|(slot, record)| Some(host(record.as_ref()?, "leader", Some(*slot))));
+        let standbys = self
+            .candidates
+            .iter()
+            .map(|(_, r)| host(r, "standby", None));
+        let members = self.members.iter().map(|(_, r)| host(r, "member", None));
         leaders.chain(standbys).chain(members).collect()
     }
 

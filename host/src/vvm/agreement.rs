@@ -35,20 +35,20 @@ pub(super) struct Difference {
 
 impl std::fmt::Display for Difference {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let show = |v: &Option<String>| v.as_ref().map_or("none".to_owned(), |v| sha(v));
         write!(
             f,
             "{}: {} there, {} here",
             self.service,
-            show(&self.theirs),
-            show(&self.ours)
+            sha(self.theirs.as_deref()),
+            sha(self.ours.as_deref())
         )
     }
 }
 
-/// A version as operators see it: `sha256:` and the 12 hex digits the records carry.
-fn sha(version: &str) -> String {
-    format!("sha256:{version}…")
+/// A version as operators see it: `sha256:` and the 12 hex digits the records carry, or
+/// `none` for a service a host does not have.
+fn sha(version: Option<&str>) -> String {
+    version.map_or_else(|| "none".to_owned(), |v| format!("sha256:{v}…"))
 }
 
 /// The services whose version differs between `theirs` and `ours`, by name.
@@ -164,7 +164,6 @@ impl Agreement {
     pub(super) fn took_over(&mut self, term: Term) {
         if let Some((holder, previous, theirs)) = &self.leader {
             for d in differences(theirs, &self.ours.borrow()) {
-                let show = |v: &Option<String>| v.as_ref().map_or("none".to_owned(), |v| sha(v));
                 tracing::warn!(
                     service = d.service,
                     previous_term = previous,
@@ -172,8 +171,8 @@ impl Agreement {
                     term,
                     "{}: {} under term {previous}, {} now",
                     d.service,
-                    show(&d.theirs),
-                    show(&d.ours),
+                    sha(d.theirs.as_deref()),
+                    sha(d.ours.as_deref()),
                 );
             }
         }
