@@ -207,3 +207,42 @@ async fn a_request_that_gets_no_instance_is_503() {
     drop(waiting);
     served.running.stop().await;
 }
+
+/// A handler that spins past the request timeout is answered 504, every time: the call is
+/// cut at the same instant the request gives up on it, and which of the two the host sees
+/// first must not turn the 504 into a 500 ("the handler gave no response").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_past_the_request_timeout_is_always_504() {
+    let served = serve(|config| {
+        config.incoming_http.request_timeout = Duration::from_millis(5);
+    })
+    .await;
+    let addr = served.addr;
+    // Eight clients at once, so that the workers are busy with spinning guests (as on a
+    // loaded machine) when the timeouts fire.
+    let clients: Vec<_> = (0..8)
+        .map(|_| {
+            tokio::task::spawn_blocking(move || {
+                (0..50)
+                    .map(|_| raw_get(addr, "/hello/spin"))
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let mut wrong = Vec::new();
+    for client in clients {
+        let answers = client.await.unwrap();
+        wrong.extend(
+            answers
+                .into_iter()
+                .filter(|a| !a.starts_with("HTTP/1.1 504")),
+        );
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of 400: {:?}",
+        wrong.len(),
+        wrong.first()
+    );
+    served.running.stop().await;
+}

@@ -59,6 +59,11 @@ fn unavailable(text: &'static str) -> Response<HyperOutgoingBody> {
     response
 }
 
+/// 504: the request timeout passed before the handler's response head.
+fn timed_out() -> Response<HyperOutgoingBody> {
+    plain(StatusCode::GATEWAY_TIMEOUT, "request timeout\n")
+}
+
 /// Serves `req`: the route's service's handler, or the host's 404 or 503.
 pub(super) async fn serve<S: Sandboxes>(
     shared: Arc<Shared<S>>,
@@ -157,7 +162,7 @@ async fn handle<S: Sandboxes>(
         head = rx => head,
         () = entry.env.deadline.passed() => return Err(Aborted),
         () = tokio::time::sleep_until(timeout_at) => {
-            return Ok(plain(StatusCode::GATEWAY_TIMEOUT, "request timeout\n"));
+            return Ok(timed_out());
         }
     };
     if head.is_err() && unstarted.is_cancelled() {
@@ -183,7 +188,7 @@ async fn concurrent<S: Sandboxes>(
         head = instances.handle(broken.clone(), req) => head,
         () = entry.env.deadline.passed() => return Err(Aborted),
         () = tokio::time::sleep_until(timeout_at) => {
-            return Ok(plain(StatusCode::GATEWAY_TIMEOUT, "request timeout\n"));
+            return Ok(timed_out());
         }
     };
     let head = match head {
@@ -265,11 +270,14 @@ fn answer<S: Sandboxes>(
             let body = body::leased(body, entry.env.deadline.clone(), timeout_at, broken);
             Ok(Response::from_parts(parts, body.boxed_unsync()))
         }
+        Err(_) if entry.env.deadline.has_passed() => Err(Aborted),
+        // The call was cut by the request timeout: its own timer (or its instance's) fires at
+        // the same instant as the request's, and may be seen first.
+        Ok(Err(_)) | Err(_) if Instant::now() >= timeout_at => Ok(timed_out()),
         Ok(Err(code)) => {
             tracing::warn!(service, error = ?code, "request: the handler answered an error");
             Ok(plain(StatusCode::INTERNAL_SERVER_ERROR, "handler error\n"))
         }
-        Err(_) if entry.env.deadline.has_passed() => Err(Aborted),
         Err(_) => Ok(plain(
             StatusCode::INTERNAL_SERVER_ERROR,
             "the handler gave no response\n",
