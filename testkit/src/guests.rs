@@ -94,6 +94,68 @@ pub fn spinning_at_instantiation() -> Vec<u8> {
     component.finish()
 }
 
+/// A WASI command (`wasi:cli/run@0.2.0`, whose `run` returns at once) that imports WASI 0.3's
+/// `wasi:clocks/monotonic-clock@0.3.0` (its synchronous `now`) and uses nothing of the
+/// component model's async: it loads only where the host links WASI 0.3.
+pub fn importing_sync_wasi3() -> Vec<u8> {
+    use wasm_encoder::{
+        CanonicalFunctionSection, CodeSection, ComponentExportKind, ComponentExportSection,
+        ComponentImportSection, ComponentInstanceSection, ComponentTypeRef, ComponentTypeSection,
+        ComponentValType, ExportKind, ExportSection, Function, FunctionSection, InstanceType,
+        Instruction, Module, PrimitiveValType, TypeSection, ValType,
+    };
+    let mut module = Module::new();
+    let mut types = TypeSection::new();
+    types.ty().function([], [ValType::I32]);
+    let mut functions = FunctionSection::new();
+    functions.function(0);
+    let mut exports = ExportSection::new();
+    exports.export("run", ExportKind::Func, 0);
+    let mut code = CodeSection::new();
+    let mut run = Function::new([]);
+    run.instruction(&Instruction::I32Const(0))
+        .instruction(&Instruction::End);
+    code.function(&run);
+    module
+        .section(&types)
+        .section(&functions)
+        .section(&exports)
+        .section(&code);
+
+    let mut component = running_core(&module);
+    let mut clock = InstanceType::new();
+    clock
+        .ty()
+        .function()
+        .params(Vec::<(&str, ComponentValType)>::new())
+        .result(Some(ComponentValType::Primitive(PrimitiveValType::U64)));
+    clock.export("now", ComponentTypeRef::Func(0));
+    let mut component_types = ComponentTypeSection::new();
+    component_types.instance(&clock);
+    component_types.defined_type().result(None, None);
+    component_types
+        .function()
+        .params(Vec::<(&str, ComponentValType)>::new())
+        .result(Some(ComponentValType::Type(1)));
+    component.section(&component_types);
+    let mut imports = ComponentImportSection::new();
+    imports.import(
+        "wasi:clocks/monotonic-clock@0.3.0",
+        ComponentTypeRef::Instance(0),
+    );
+    component.section(&imports);
+    let mut canonical = CanonicalFunctionSection::new();
+    canonical.lift(0, 2, []);
+    component.section(&canonical);
+    let mut run_instance = ComponentInstanceSection::new();
+    run_instance.export_items([("run", ComponentExportKind::Func, 0)]);
+    component.section(&run_instance);
+    let mut component_exports = ComponentExportSection::new();
+    component_exports.export("wasi:cli/run@0.2.0", ComponentExportKind::Instance, 1, None);
+    component.section(&component_exports);
+    component.finish()
+}
+
 /// A component that instantiates `module` (no imports) and aliases its core function `run` as
 /// core function 0, to be lifted.
 fn running_core(module: &wasm_encoder::Module) -> wasm_encoder::Component {

@@ -64,9 +64,9 @@ use bindings::service::wasi::keyvalue::{atomics, batch, store};
 use bindings::spin::fermyon::spin::{key_value as spin_kv, variables as spin_variables};
 use bindings::spin_cron::fermyon::spin_cron::cron_types as spin_cron_types;
 
-/// Adds the packages implemented here to `linker`: `vvm:host`, both `wasi:keyvalue` versions,
-/// the three `wasi:config/store` versions, Spin's key-value and variables (2.0.0 and 3.0.0),
-/// and our
+/// Adds the packages implemented here to `linker`, but for the async ones
+/// ([`add_concurrent_to_linker`]): `vvm:host`, both `wasi:keyvalue` versions, the three
+/// `wasi:config/store` versions, Spin's key-value and variables 2.0.0, and our
 /// `wasi:http/outgoing-handler` `handle` (after wasmtime-wasi-http's own `types`, which it
 /// shadows). One linker serves every component, and a component's pre-instantiation takes
 /// only what it imports: a package costs nothing to a component that does not import it.
@@ -90,8 +90,16 @@ pub(crate) fn add_to_linker<T: View>(linker: &mut Linker<T>) -> wasmtime::Result
     })?;
     spin_kv::add_to_linker::<_, HasSelf<Interfaces>>(linker, T::interfaces)?;
     spin_variables::add_to_linker::<_, HasSelf<Interfaces>>(linker, T::interfaces)?;
-    spin3::add_to_linker(linker)?;
     // Types only: what a Spin cron component's handler takes and answers.
     spin_cron_types::add_to_linker::<_, HasSelf<Interfaces>>(linker, T::interfaces)?;
     outgoing::link_handle(linker, |t| &mut t.interfaces().http)
+}
+
+/// Adds the packages implemented here whose functions are async (they need an engine with
+/// wasmtime's concurrency support): Spin's key-value and variables 3.0.0.
+///
+/// # Errors
+/// When the linker already has one of them.
+pub(crate) fn add_concurrent_to_linker<T: View>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
+    spin3::add_to_linker(linker)
 }

@@ -29,7 +29,7 @@ pub(crate) fn fetch(
     bytes: &[u8],
     digest: &[u8; 32],
 ) -> wasmtime::Result<(Component, From)> {
-    let cached = dir.join(format!("{}.cwasm", key(engine, digest)));
+    let cached = entry(engine, dir, digest);
     if cached.is_file() {
         // SAFETY: `deserialize_file` trusts the file to be the output of
         // `Component::serialize` for a compatible engine. The cache directory is written
@@ -65,6 +65,16 @@ pub(crate) fn fetch(
         tracing::warn!(path = %cached.display(), error = %e, "cannot write compile cache");
     }
     Ok((component, From::Compiled))
+}
+
+/// Whether `dir` has the component whose SHA-256 is `digest` compiled for `engine`.
+pub(crate) fn cached(engine: &Engine, dir: &Path, digest: &[u8; 32]) -> bool {
+    entry(engine, dir, digest).is_file()
+}
+
+/// The cache entry in `dir` of the component whose SHA-256 is `digest`, for `engine`.
+fn entry(engine: &Engine, dir: &Path, digest: &[u8; 32]) -> std::path::PathBuf {
+    dir.join(format!("{}.cwasm", key(engine, digest)))
 }
 
 /// Hex SHA-256 of the engine's compatibility hash and the component's SHA-256.

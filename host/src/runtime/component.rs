@@ -15,6 +15,7 @@ use wasmtime_wasi_http::handler::ProxyPre;
 
 use super::RuntimeError;
 use super::cache;
+use super::engine::{Engines, Wasm};
 use super::state::Host;
 use crate::interfaces::bindings::service::ServicePre;
 use crate::interfaces::bindings::spin_cron::SpinCronPre;
@@ -177,6 +178,8 @@ pub(crate) struct Loaded {
     pub name: String,
     /// The version: the first 12 hex digits of the SHA-256 of the file (as `sha256sum`).
     pub version: String,
+    /// The engine it was compiled for: its stores are made on it.
+    pub engine: Engine,
     /// What it runs.
     pub pre: Pre,
     /// Its HTTP handler, if it exports one (WASI 0.2's `wasi:http/incoming-handler`, or 0.3's
@@ -248,8 +251,8 @@ pub(crate) fn discover(dir: &Path) -> Result<Vec<PathBuf>, RuntimeError> {
 /// Compiles components, or loads them from a cache directory keyed by content hash and
 /// engine configuration.
 pub(crate) struct Compiler<'a> {
-    /// The engine components are compiled for.
-    pub engine: &'a Engine,
+    /// The engines components are compiled for.
+    pub engines: &'a Engines,
     /// The compile cache directory (created by the caller).
     pub cache_dir: &'a Path,
     /// Counts compilations and cache hits.
@@ -305,15 +308,43 @@ impl ServiceFile {
 
 impl Compiler<'_> {
     /// Loads `file` as a service: compile (or cache), classify its world, pre-instantiate.
-    pub fn load(&mut self, file: &ServiceFile, linker: &Linker<Host>) -> Result<Loaded, LoadError> {
+    ///
+    /// On the plain engine if it can be (see [`Engines`]), else on the concurrent one: a
+    /// component that uses the component model's async (WASI 0.3's, or a Spin 3 app's) fails
+    /// on the plain engine as it is compiled, and one that imports only WASI 0.3's synchronous
+    /// functions, as it is linked. A component already in the compile cache for the
+    /// concurrent engine goes there at once; a failure on both engines is reported as the
+    /// concurrent engine's, which has every import the host provides.
+    pub fn load(&mut self, file: &ServiceFile) -> Result<Loaded, LoadError> {
+        check_header(&file.bytes).map_err(|m| LoadError {
+            path: file.path.clone(),
+            kind: LoadErrorKind::Invalid(m),
+        })?;
+        let engines = self.engines;
+        let concurrent_cached =
+            cache::cached(&engines.concurrent.engine, self.cache_dir, &file.digest);
+        if !concurrent_cached {
+            match self.load_on(&engines.plain, file) {
+                Err(LoadError {
+                    kind: LoadErrorKind::Compile(_) | LoadErrorKind::Imports(_),
+                    ..
+                }) => {}
+                loaded => return loaded,
+            }
+        }
+        self.load_on(&engines.concurrent, file)
+    }
+
+    /// Loads `file` on `wasm`'s engine, against its linker.
+    fn load_on(&mut self, wasm: &Wasm, file: &ServiceFile) -> Result<Loaded, LoadError> {
         let fail = |kind| LoadError {
             path: file.path.clone(),
             kind,
         };
         let name = file.name.clone();
-        check_header(&file.bytes).map_err(|m| fail(LoadErrorKind::Invalid(m)))?;
+        let engine = &wasm.engine;
         let component = self
-            .component(file)
+            .component(engine, file)
             .map_err(|e| fail(LoadErrorKind::Compile(e)))?;
         // Now rather than at the first instantiation, which is on a takeover's path: wasmtime
         // builds each memory's copy-on-write image lazily (a memfd and its data, or a mapping of
@@ -322,14 +353,15 @@ impl Compiler<'_> {
             tracing::debug!(service = name, error = %format!("{e:#}"),
                 "no copy-on-write image ahead of the first start");
         }
-        let (pre, handler) = classify(self.engine, &component, linker).map_err(fail)?;
+        let (pre, handler) = classify(engine, &component, &wasm.linker).map_err(fail)?;
         let version = file.version();
         let ty = component.component_type();
-        let exports = ty.exports(self.engine).map(|(n, _)| n.to_owned()).collect();
-        let imports = ty.imports(self.engine).map(|(n, _)| n.to_owned()).collect();
+        let exports = ty.exports(engine).map(|(n, _)| n.to_owned()).collect();
+        let imports = ty.imports(engine).map(|(n, _)| n.to_owned()).collect();
         Ok(Loaded {
             name,
             version,
+            engine: engine.clone(),
             pre,
             handler,
             exports,
@@ -337,10 +369,9 @@ impl Compiler<'_> {
         })
     }
 
-    /// The compiled component for `file`, from the cache if it is there.
-    fn component(&mut self, file: &ServiceFile) -> wasmtime::Result<Component> {
-        let (component, from) =
-            cache::fetch(self.engine, self.cache_dir, &file.bytes, &file.digest)?;
+    /// The compiled component for `file` on `engine`, from the cache if it is there.
+    fn component(&mut self, engine: &Engine, file: &ServiceFile) -> wasmtime::Result<Component> {
+        let (component, from) = cache::fetch(engine, self.cache_dir, &file.bytes, &file.digest)?;
         match from {
             cache::From::Cache => self.stats.cache_hits += 1,
             cache::From::Compiled => self.stats.compiled += 1,
@@ -565,19 +596,71 @@ mod tests {
         assert_eq!(check_header(b"\0asm\x0d\0\x01\0"), Ok(()));
     }
 
-    /// A component wasmtime cannot compile is rejected with wasmtime's error as the source,
-    /// and a message that still says it all.
-    /// How loading the file `path` on `engine` (its cache beside it) fails.
-    fn load_error(engine: &Engine, path: &Path) -> LoadError {
-        let linker = Linker::new(engine);
+    /// The engines of a default configuration for `dir`.
+    fn engines(dir: &Path) -> Engines {
+        crate::runtime::imports::engines(&crate::runtime::RuntimeConfig::new(dir)).unwrap()
+    }
+
+    /// How loading the file `path` (its cache beside it) fails.
+    fn load_error(path: &Path) -> LoadError {
+        let dir = path.parent().unwrap();
         let mut compiler = Compiler {
-            engine,
-            cache_dir: path.parent().unwrap(),
+            engines: &engines(dir),
+            cache_dir: dir,
             stats: LoadStats::default(),
         };
-        match compiler.load(&ServiceFile::read(path).unwrap(), &linker) {
+        match compiler.load(&ServiceFile::read(path).unwrap()) {
             Ok(_) => panic!("{} loaded", path.display()),
             Err(e) => e,
+        }
+    }
+
+    /// Loads `file` (written in a directory of its own, the compile cache beside it) twice:
+    /// whether it went to the concurrent engine each time, and the second load's stats.
+    fn engine_of(file: &[u8]) -> (bool, bool, LoadStats) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.wasm");
+        std::fs::write(&path, file).unwrap();
+        let engines = engines(dir.path());
+        let on_concurrent = || {
+            let mut compiler = Compiler {
+                engines: &engines,
+                cache_dir: dir.path(),
+                stats: LoadStats::default(),
+            };
+            let loaded = compiler.load(&ServiceFile::read(&path).unwrap()).unwrap();
+            let concurrent = Engine::same(&loaded.engine, &engines.concurrent.engine);
+            assert!(concurrent || Engine::same(&loaded.engine, &engines.plain.engine));
+            (concurrent, compiler.stats)
+        };
+        let (first, _) = on_concurrent();
+        let (second, stats) = on_concurrent();
+        (first, second, stats)
+    }
+
+    /// A WASI 0.2 component runs on the engine without concurrency support; one that needs
+    /// the component model's async (a WASI 0.3 HTTP service, a Spin 7 app), or imports only
+    /// WASI 0.3's synchronous functions, on the one with it; and from the compile cache, each
+    /// goes to the same engine again without compiling.
+    #[test]
+    fn a_component_runs_on_the_concurrent_engine_only_when_it_needs_it() {
+        let guest = |name| std::fs::read(testkit::guests::guest(name)).unwrap();
+        let cached = LoadStats {
+            compiled: 0,
+            cache_hits: 1,
+        };
+        for (file, what, concurrent) in [
+            (guest("test/http-hello"), "WASI 0.2 HTTP", false),
+            (guest("rust-ticker"), "vvm:host service", false),
+            (guest("test/p3-http"), "WASI 0.3 HTTP", true),
+            (guest("test/spin7-app"), "Spin 7 app", true),
+            (
+                testkit::guests::importing_sync_wasi3(),
+                "sync WASI 0.3 import",
+                true,
+            ),
+        ] {
+            assert_eq!(engine_of(&file), (concurrent, concurrent, cached), "{what}");
         }
     }
 
@@ -587,7 +670,7 @@ mod tests {
         let path = dir.path().join("truncated.wasm");
         // A component header, then nothing: past the header check, refused by wasmtime.
         std::fs::write(&path, b"\0asm\x0d\0\x01\0\x01").unwrap();
-        let e = load_error(&Engine::default(), &path);
+        let e = load_error(&path);
         let LoadErrorKind::Compile(cause) = &e.kind else {
             panic!("{e}");
         };
@@ -609,8 +692,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("stackful.wasm");
         std::fs::write(&path, testkit::guests::stackful_async()).unwrap();
-        let config = crate::runtime::RuntimeConfig::new(dir.path());
-        let e = load_error(&crate::runtime::engine::build(&config).unwrap(), &path);
+        let e = load_error(&path);
         assert_eq!(
             e.kind.to_string(),
             "not a valid component: it uses the component model async stackful feature, \

@@ -1,25 +1,52 @@
-//! The wasmtime engine shared by every service, the epoch ticker that lets the host
-//! interrupt any guest (SPEC §6: CPU preemption), and the [`Runtime`] that bundles them with
-//! the configuration for the supervisors.
+//! The wasmtime engines the services share ([`Engines`]: one for WASI 0.2 components, one with
+//! the concurrency WASI 0.3 needs, SPEC §12), the epoch ticker that lets the host interrupt any
+//! guest (SPEC §6: CPU preemption), and the [`Runtime`] that bundles them with the
+//! configuration for the supervisors.
 
 use std::collections::HashMap;
 use std::sync::{Arc, PoisonError, RwLock, mpsc};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use wasmtime::component::Linker;
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use super::stacks::{CACHED_STACKS, StackPool};
+use super::state::Host;
 use super::{Grants, RuntimeConfig, RuntimeError};
 use crate::ops::Ops;
 
-/// What every supervisor shares: the engine, its epoch ticker, the configuration, and where
+/// A wasmtime engine and the linker of the components compiled for it.
+#[derive(Clone)]
+pub(crate) struct Wasm {
+    pub engine: Engine,
+    pub linker: Linker<Host>,
+}
+
+/// The two engines a component may be compiled for (`imports::engines` builds them).
+///
+/// wasmtime's concurrency support (the component model's async: WASI 0.3's streams, futures
+/// and async exports) is a setting of the engine, and with it every call into a component
+/// runs through the store's event loop, a WASI 0.2 component's too: that cost the outgoing
+/// HTTP benchmark (many host calls per request) 5-10 % of its rate (BENCHMARKS.md, "Outgoing
+/// keep-alive"). So a component runs on the `plain` engine, without it, unless it needs it:
+/// then on the `concurrent` one, whose linker has WASI 0.3 and Spin's 3.x interfaces besides
+/// (`component::Compiler` chooses). A store is made on its component's engine.
+#[derive(Clone)]
+pub(crate) struct Engines {
+    /// No concurrency support: WASI 0.2 and the host's own interfaces.
+    pub plain: Wasm,
+    /// With concurrency support: also WASI 0.3 and Spin's 3.x interfaces.
+    pub concurrent: Wasm,
+}
+
+/// What every supervisor shares: the engines, their epoch ticker, the configuration, and where
 /// metrics go.
 pub(crate) struct Runtime {
     /// The configuration loaded with (its `grants` as at start; see [`Runtime::grants`]).
     pub config: RuntimeConfig,
-    /// The engine every component was compiled for.
-    pub engine: Engine,
+    /// The engines the components were compiled for.
+    pub engines: Engines,
     /// The grants of every service, replaced when the configuration file is re-read.
     grants: RwLock<Arc<HashMap<String, Grants>>>,
     /// Where the services' metrics go.
@@ -34,16 +61,22 @@ pub(crate) struct Runtime {
 }
 
 impl Runtime {
-    /// Starts the epoch ticker of `engine` and bundles it with `config` and `ops`.
+    /// Starts the epoch ticker of `engines` and bundles them with `config` and `ops`.
     ///
     /// # Errors
     /// When the ticker thread cannot be started.
     pub(crate) fn start(
         config: RuntimeConfig,
-        engine: Engine,
+        engines: Engines,
         ops: Ops,
     ) -> Result<Self, RuntimeError> {
-        let ticker = EpochTicker::start(&engine, config.epoch_tick)?;
+        let ticker = EpochTicker::start(
+            vec![
+                engines.plain.engine.clone(),
+                engines.concurrent.engine.clone(),
+            ],
+            config.epoch_tick,
+        )?;
         let descriptors = super::handles::descriptor_limit();
         let incoming = &config.incoming_http;
         let max_connections = if incoming.addr.is_some() {
@@ -56,7 +89,7 @@ impl Runtime {
             descriptors: descriptors.saturating_sub(max_connections),
             max_connections,
             config,
-            engine,
+            engines,
             ops,
             _ticker: ticker,
         })
@@ -89,12 +122,15 @@ impl Runtime {
 /// longer, a few dozen of the pool's.
 const DECOMMIT_BATCH: usize = 16;
 
-/// Builds the engine: async calls, epoch interruption, and either the pooling allocator
+/// Builds an engine: async calls, epoch interruption, wasmtime's concurrency support (and with
+/// it the component model's async features) if `concurrent`, and either the pooling allocator
 /// sized for `config.max_instances` instances of at most `config.memory_cap` (if configured)
 /// or the on-demand one with a [`StackPool`].
-pub(crate) fn build(config: &RuntimeConfig) -> Result<Engine, RuntimeError> {
+pub(crate) fn build(config: &RuntimeConfig, concurrent: bool) -> Result<Engine, RuntimeError> {
     let mut wasm = Config::new();
-    wasm.wasm_component_model(true).epoch_interruption(true);
+    wasm.wasm_component_model(true)
+        .epoch_interruption(true)
+        .concurrency_support(concurrent);
     if config.pooling {
         let n = config.max_instances.max(1);
         let mut pool = PoolingAllocationConfig::new();
@@ -122,7 +158,7 @@ pub(crate) fn build(config: &RuntimeConfig) -> Result<Engine, RuntimeError> {
     Engine::new(&wasm).map_err(RuntimeError::Engine)
 }
 
-/// A thread that increments the engine's epoch every `tick`, so every store's epoch deadline
+/// A thread that increments the engines' epochs every `tick`, so every store's epoch deadline
 /// is reached within one tick. Dropping it stops and joins the thread at once, however long
 /// the tick.
 pub(crate) struct EpochTicker {
@@ -132,15 +168,16 @@ pub(crate) struct EpochTicker {
 }
 
 impl EpochTicker {
-    /// Starts ticking `engine` every `tick`.
-    pub(crate) fn start(engine: &Engine, tick: Duration) -> Result<Self, RuntimeError> {
+    /// Starts ticking `engines` every `tick`.
+    pub(crate) fn start(engines: Vec<Engine>, tick: Duration) -> Result<Self, RuntimeError> {
         let (stop, stopped) = mpsc::channel::<()>();
-        let engine = engine.clone();
         let thread = std::thread::Builder::new()
             .name("vvm-epoch".into())
             .spawn(move || {
                 while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(tick) {
-                    engine.increment_epoch();
+                    for engine in &engines {
+                        engine.increment_epoch();
+                    }
                 }
             })
             .map_err(RuntimeError::Ticker)?;
@@ -167,12 +204,15 @@ mod tests {
 
     #[test]
     fn ticker_thread_ends_when_dropped() {
-        let engine = build(&RuntimeConfig {
-            pooling: false,
-            ..RuntimeConfig::new("/nonexistent")
-        })
+        let engine = build(
+            &RuntimeConfig {
+                pooling: false,
+                ..RuntimeConfig::new("/nonexistent")
+            },
+            false,
+        )
         .unwrap();
-        let ticker = EpochTicker::start(&engine, Duration::from_hours(1)).unwrap();
+        let ticker = EpochTicker::start(vec![engine], Duration::from_hours(1)).unwrap();
         let thread = ticker.thread.as_ref().unwrap().thread().clone();
         assert_eq!(thread.name(), Some("vvm-epoch"));
         let started = std::time::Instant::now();

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
-use wasmtime::Store;
+use wasmtime::{Engine, Store};
 
 use super::Grants;
 use super::engine::Runtime;
@@ -41,8 +41,8 @@ impl RequestSandboxes {
 impl Sandboxes for RequestSandboxes {
     type Data = Host;
 
-    fn store(&self, env: &Arc<ServiceEnv>) -> wasmtime::Result<Store<Host>> {
-        new_store(&self.rt, env, &[]).map(|(store, _)| store)
+    fn store(&self, engine: &Engine, env: &Arc<ServiceEnv>) -> wasmtime::Result<Store<Host>> {
+        new_store(&self.rt, engine, env, &[]).map(|(store, _)| store)
     }
 
     fn limits(&self) -> IncomingLimits {

@@ -9,36 +9,48 @@ use wasmtime::component::{Linker, ResourceTable};
 use wasmtime::{Engine, Store, StoreLimitsBuilder, UpdateDeadline};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder};
 
-use super::RuntimeError;
 use super::config::Grants;
-use super::engine::Runtime;
-use super::fence;
+use super::engine::{self, Engines, Runtime, Wasm};
 use super::state::Host;
+use super::{RuntimeConfig, RuntimeError, fence};
 use crate::interfaces::keyvalue::access::KvAccess;
 use crate::interfaces::output::{LogOutput, Stdio};
 use crate::interfaces::{self, Fenced, Interfaces, ServiceEnv};
 
-/// The linker every service is instantiated with: WASI 0.2, `vvm:host`, `wasi:keyvalue`
-/// (`@0.2.0-draft2` and `@0.2.0-draft`), `wasi:config/store` (`@0.2.0-draft` and
-/// `@0.2.0-rc.1`) and `wasi:http` (`types` and `outgoing-handler`, denied by default); and
-/// WASI 0.3 (SPEC §12): `wasi:cli`, `wasi:clocks`, `wasi:random` and `wasi:http` (`types` and
-/// `client`, through the same hooks as 0.2's outgoing handler), also under the names of the
-/// release candidate whose types are 0.3.0's ([`RC`]). WASI 0.3's files and sockets are not
-/// linked: their writes happen outside any host call the fence sees (`interfaces::stubs`).
-pub(crate) fn linker(engine: &Engine) -> Result<Linker<Host>, RuntimeError> {
-    let mut linker = Linker::new(engine);
-    add_imports(&mut linker).map_err(RuntimeError::Engine)?;
-    Ok(linker)
+/// The engines of `config` and their linkers ([`Engines`]).
+///
+/// The plain engine's linker: WASI 0.2, `vvm:host`, `wasi:keyvalue` (`@0.2.0-draft2` and
+/// `@0.2.0-draft`), `wasi:config/store` (`@0.2.0-draft` and `@0.2.0-rc.1`), Spin's 2.0.0
+/// interfaces and `wasi:http` (`types` and `outgoing-handler`, denied by default). The
+/// concurrent engine's: all that, and WASI 0.3 (SPEC §12): `wasi:cli`, `wasi:clocks`,
+/// `wasi:random` and `wasi:http` (`types` and `client`, through the same hooks as 0.2's
+/// outgoing handler), also under the names of the release candidate whose types are 0.3.0's
+/// ([`RC`]), and Spin's 3.x interfaces. WASI 0.3's files and sockets are not linked: their
+/// writes happen outside any host call the fence sees (`interfaces::stubs`).
+pub(crate) fn engines(config: &RuntimeConfig) -> Result<Engines, RuntimeError> {
+    let wasm = |concurrent| -> Result<Wasm, RuntimeError> {
+        let engine = engine::build(config, concurrent)?;
+        let mut linker = Linker::new(&engine);
+        add_imports(&mut linker, concurrent).map_err(RuntimeError::Engine)?;
+        Ok(Wasm { engine, linker })
+    };
+    Ok(Engines {
+        plain: wasm(false)?,
+        concurrent: wasm(true)?,
+    })
 }
 
-fn add_imports(linker: &mut Linker<Host>) -> wasmtime::Result<()> {
+fn add_imports(linker: &mut Linker<Host>, concurrent: bool) -> wasmtime::Result<()> {
     wasmtime_wasi::p2::add_to_linker_async(linker)?;
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(linker)?;
-    wasmtime_wasi::p3::cli::add_to_linker(linker)?;
-    wasmtime_wasi::p3::clocks::add_to_linker(linker)?;
-    wasmtime_wasi::p3::random::add_to_linker(linker)?;
-    wasmtime_wasi_http::p3::add_to_linker(linker)?;
-    add_release_candidate(linker)?;
+    if concurrent {
+        wasmtime_wasi::p3::cli::add_to_linker(linker)?;
+        wasmtime_wasi::p3::clocks::add_to_linker(linker)?;
+        wasmtime_wasi::p3::random::add_to_linker(linker)?;
+        wasmtime_wasi_http::p3::add_to_linker(linker)?;
+        add_release_candidate(linker)?;
+        interfaces::add_concurrent_to_linker(linker)?;
+    }
     interfaces::add_to_linker(linker)?;
     fence::shadow(linker)
 }
@@ -89,13 +101,15 @@ fn add_release_candidate(linker: &mut Linker<Host>) -> wasmtime::Result<()> {
     Ok(())
 }
 
-/// A fresh store for one instance of the service `env` on `rt`: its own WASI context (with
+/// A fresh store on `engine` (its component's) for one instance of the service `env` on
+/// `rt`: its own WASI context (with
 /// only what its grants allow as they are now, and the environment variables `more` beside
 /// its granted ones), memory cap, at most its handle cap of handles, the per-call fence, and an
 /// epoch deadline that yields every tick and traps once the lease deadline has passed. With
 /// the store, the handle cap, for the reason of a failure at it.
 pub(crate) fn new_store(
     rt: &Runtime,
+    engine: &Engine,
     env: &Arc<ServiceEnv>,
     more: &[(&str, String)],
 ) -> wasmtime::Result<(Store<Host>, usize)> {
@@ -125,7 +139,7 @@ pub(crate) fn new_store(
             grants.map(|g| Arc::clone(&g.http)).unwrap_or_default(),
         ),
     };
-    let mut store = Store::new(&rt.engine, host);
+    let mut store = Store::new(engine, host);
     store.limiter(|h| &mut h.limits);
     fence::install(&mut store);
     store.set_epoch_deadline(1);

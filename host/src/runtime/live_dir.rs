@@ -30,7 +30,6 @@ use std::time::{Duration, SystemTime};
 
 use notify::{RecommendedWatcher, RecursiveMode, Watcher};
 use tokio::sync::watch;
-use wasmtime::component::Linker;
 
 use super::RuntimeError;
 use super::cache::prune_cache;
@@ -39,7 +38,6 @@ use super::component::{
 };
 use super::debounce::{Change, Debouncer, FileStamp, since};
 use super::engine::Runtime;
-use super::state::Host;
 use crate::clock::{Clock, SystemClock};
 
 /// The loaded services by name: what a leader runs now.
@@ -74,7 +72,6 @@ impl LiveDir {
     /// looking at them again says nothing new.
     pub(crate) fn start(
         rt: Arc<Runtime>,
-        linker: Linker<Host>,
         catalogue: Arc<watch::Sender<Catalogue>>,
         rejected: BTreeMap<String, String>,
     ) -> Result<Self, RuntimeError> {
@@ -103,7 +100,6 @@ impl LiveDir {
             watcher,
             dir: dir.clone(),
             rt,
-            linker,
             catalogue,
             rejected,
             stop: Arc::clone(&stop),
@@ -178,7 +174,6 @@ struct Follower {
     links: BTreeMap<String, LinkTarget>,
     dir: PathBuf,
     rt: Arc<Runtime>,
-    linker: Linker<Host>,
     catalogue: Arc<watch::Sender<Catalogue>>,
     /// The version of each file last rejected, by service name.
     rejected: BTreeMap<String, String>,
@@ -346,11 +341,11 @@ impl Follower {
         }
         let started = std::time::Instant::now();
         let mut compiler = Compiler {
-            engine: &self.rt.engine,
+            engines: &self.rt.engines,
             cache_dir: &self.rt.config.cache_dir,
             stats: LoadStats::default(),
         };
-        let loaded = compiler.load(file, &self.linker);
+        let loaded = compiler.load(file);
         let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         let compiled = compiler.stats.compiled > 0;
         if compiled {

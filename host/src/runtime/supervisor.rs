@@ -200,7 +200,7 @@ async fn run_once(
     started: &mut Option<FirstStart>,
 ) -> Outcome {
     let service = &*env.name;
-    let (mut store, handles) = match new_store(rt, env, &[]) {
+    let (mut store, handles) = match new_store(rt, &svc.engine, env, &[]) {
         Ok(made) => made,
         Err(e) => {
             started.take();
@@ -378,7 +378,7 @@ mod tests {
     use crate::interfaces::env::tests::env;
     use crate::lease_value::RunningReport;
     use crate::runtime::component::{Compiler, LoadStats, ServiceFile};
-    use crate::runtime::{RuntimeConfig, engine, imports};
+    use crate::runtime::{RuntimeConfig, imports};
 
     /// A supervised rust-ticker named `name` whose first start counts `pending` services
     /// (itself included) still to be created: its task, its environment, the start's `begin`
@@ -396,23 +396,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         guests::install(dir.path(), &[("rust-ticker", name)]);
         let config = RuntimeConfig::new(dir.path());
-        let engine = engine::build(&config).unwrap();
-        let linker = imports::linker(&engine).unwrap();
+        let engines = imports::engines(&config).unwrap();
         let mut compiler = Compiler {
-            engine: &engine,
+            engines: &engines,
             cache_dir: dir.path(),
             stats: LoadStats::default(),
         };
         let svc = Arc::new(
             compiler
-                .load(
-                    &ServiceFile::read(&dir.path().join(format!("{name}.wasm"))).unwrap(),
-                    &linker,
-                )
+                .load(&ServiceFile::read(&dir.path().join(format!("{name}.wasm"))).unwrap())
                 .unwrap(),
         );
         let (_clock, env) = env().await;
-        let rt = Arc::new(Runtime::start(config, engine, env.ops.clone()).unwrap());
+        let rt = Arc::new(Runtime::start(config, engines, env.ops.clone()).unwrap());
         let Ok(mut env) = Arc::try_unwrap(env) else {
             unreachable!("a fresh environment has one owner")
         };

@@ -8,17 +8,15 @@ use std::sync::{Arc, Mutex, PoisonError};
 use async_trait::async_trait;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use wasmtime::component::Linker;
 
 use super::cache;
 use super::component::{self, Compiler, LoadError, LoadStats, Loaded, ServiceFile, ServiceKind};
-use super::engine::{self, Runtime};
+use super::engine::Runtime;
 use super::http::{HttpServer, RequestSandboxes};
 use super::imports;
 use super::live_dir::{Catalogue, LiveDir};
 use super::progress::Progress;
 use super::reconcile;
-use super::state::Host;
 use super::{Grants, RuntimeConfig, RuntimeError};
 use crate::interfaces::incoming;
 use crate::lease::LeaseDeadline;
@@ -35,7 +33,6 @@ pub struct WasmServices {
     rt: Arc<Runtime>,
     /// Serves the HTTP services of each leadership on `http-addr`.
     http: Arc<HttpServer>,
-    linker: Linker<Host>,
     /// The loaded services by name; each leadership's running services follow it.
     catalogue: Arc<watch::Sender<Catalogue>>,
     stats: LoadStats,
@@ -84,14 +81,13 @@ impl WasmServices {
         stop: &CancellationToken,
         files: Vec<PathBuf>,
     ) -> Result<(Self, Vec<LoadError>), RuntimeError> {
-        let engine = engine::build(&config)?;
-        let linker = imports::linker(&engine)?;
+        let engines = imports::engines(&config)?;
         std::fs::create_dir_all(&config.cache_dir).map_err(|source| RuntimeError::CacheDir {
             path: config.cache_dir.clone(),
             source,
         })?;
         let mut compiler = Compiler {
-            engine: &engine,
+            engines: &engines,
             cache_dir: &config.cache_dir,
             stats: LoadStats::default(),
         };
@@ -107,7 +103,7 @@ impl WasmServices {
             let compiled_before = compiler.stats.compiled;
             let file = ServiceFile::read(&path);
             match file.and_then(|file| {
-                compiler.load(&file, &linker).inspect_err(|_| {
+                compiler.load(&file).inspect_err(|_| {
                     rejected.insert(file.name.clone(), file.version());
                 })
             }) {
@@ -137,7 +133,7 @@ impl WasmServices {
             cache_hits = stats.cache_hits,
             "services loaded"
         );
-        let rt = Arc::new(Runtime::start(config, engine, ops)?);
+        let rt = Arc::new(Runtime::start(config, engines, ops)?);
         let catalogue = watch::channel(services).0;
         Ok((
             Self {
@@ -146,7 +142,6 @@ impl WasmServices {
                     catalogue.subscribe(),
                 ))),
                 rt,
-                linker,
                 catalogue: Arc::new(catalogue),
                 stats,
                 live: Mutex::new(None),
@@ -188,7 +183,6 @@ impl WasmServices {
         if live.is_none() {
             *live = Some(LiveDir::start(
                 Arc::clone(&self.rt),
-                self.linker.clone(),
                 Arc::clone(&self.catalogue),
                 self.rejected.clone(),
             )?);

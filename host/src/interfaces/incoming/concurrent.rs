@@ -137,7 +137,7 @@ impl<S: Sandboxes + Clone> HandlerState for Instances<S> {
     async fn instantiate(
         &self,
     ) -> wasmtime::Result<handler::Instance<S::Data, Expiry, Worker<S::Data>>> {
-        let mut store = self.sandboxes.store(&self.env)?;
+        let mut store = self.sandboxes.store(self.pre.engine(), &self.env)?;
         let proxy = self.pre.instantiate_async(&mut store).await?;
         self.metrics.instance(false);
         let deadline = self.env.deadline.clone();

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use wasmtime::Store;
+use wasmtime::{Engine, Store};
 
 use super::limits::IncomingLimits;
 use crate::config::{InstanceReuseConfig, Route};
@@ -20,12 +20,12 @@ pub(crate) trait Sandboxes: Clone + Send + Sync + 'static {
     /// The data of a request's store.
     type Data: View;
 
-    /// A fresh sandboxed store for one request of `env`'s service, with the grants current
-    /// now.
+    /// A fresh sandboxed store on `engine` (the service's component's) for one request of
+    /// `env`'s service, with the grants current now.
     ///
     /// # Errors
     /// When the sandbox cannot be made (a granted directory gone, say).
-    fn store(&self, env: &Arc<ServiceEnv>) -> wasmtime::Result<Store<Self::Data>>;
+    fn store(&self, engine: &Engine, env: &Arc<ServiceEnv>) -> wasmtime::Result<Store<Self::Data>>;
 
     /// Where HTTP services are served and the limits on their requests.
     fn limits(&self) -> IncomingLimits;

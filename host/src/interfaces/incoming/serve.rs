@@ -124,7 +124,7 @@ async fn handle<S: Sandboxes>(
     // same), else a fresh store.
     let ready = match pool.take() {
         Some(instance) => Ready::Reused(instance),
-        None => match shared.sandboxes.store(&entry.env) {
+        None => match shared.sandboxes.store(pre.engine(), &entry.env) {
             Ok(store) => Ready::Fresh(store),
             Err(e) => {
                 let service = &*entry.env.name;

@@ -99,7 +99,7 @@ pub(super) async fn run_one(
 /// Instantiates `svc` for `fire` and calls its handler (or its `run`).
 async fn call(rt: &Runtime, svc: &Loaded, env: &Arc<ServiceEnv>, fire: FireTime) -> Ended {
     let fire_env = [(FIRE_TIME_VAR, fire.unix().to_string())];
-    let (mut store, handles) = match new_store(rt, env, &fire_env) {
+    let (mut store, handles) = match new_store(rt, &svc.engine, env, &fire_env) {
         Ok(made) => made,
         Err(e) => return Ended::Error(format!("cannot set up its sandbox: {e:#}")),
     };
