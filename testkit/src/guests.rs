@@ -43,54 +43,14 @@ pub fn install(dir: &Path, guests: &[(&str, &str)]) {
 /// that never returns: it spins while it is being *instantiated*, before any export is called.
 /// No guest toolchain emits one; the component model allows it.
 pub fn spinning_at_instantiation() -> Vec<u8> {
-    use wasm_encoder::{
-        BlockType, CanonicalFunctionSection, CodeSection, ComponentExportKind,
-        ComponentExportSection, ComponentInstanceSection, ComponentTypeSection, ComponentValType,
-        ExportKind, ExportSection, Function, FunctionSection, Instruction, Module, StartSection,
-        TypeSection, ValType,
-    };
-    let mut module = Module::new();
-    let mut types = TypeSection::new();
-    types.ty().function([], []);
-    types.ty().function([], [ValType::I32]);
-    let mut functions = FunctionSection::new();
-    functions.function(0).function(1);
-    let mut exports = ExportSection::new();
-    exports.export("run", ExportKind::Func, 1);
-    let mut code = CodeSection::new();
+    use wasm_encoder::{BlockType, Function, Instruction};
     let mut spin = Function::new([]);
     spin.instruction(&Instruction::Loop(BlockType::Empty))
         .instruction(&Instruction::Br(0))
         .instruction(&Instruction::End)
         .instruction(&Instruction::End);
-    let mut run = Function::new([]);
-    run.instruction(&Instruction::I32Const(0))
-        .instruction(&Instruction::End);
-    code.function(&spin).function(&run);
-    module
-        .section(&types)
-        .section(&functions)
-        .section(&exports)
-        .section(&StartSection { function_index: 0 })
-        .section(&code);
-
-    let mut component = running_core(&module);
-    let mut component_types = ComponentTypeSection::new();
-    component_types.defined_type().result(None, None);
-    component_types
-        .function()
-        .params(Vec::<(&str, ComponentValType)>::new())
-        .result(Some(ComponentValType::Type(0)));
-    component.section(&component_types);
-    let mut canonical = CanonicalFunctionSection::new();
-    canonical.lift(0, 1, []);
-    component.section(&canonical);
-    let mut run_instance = ComponentInstanceSection::new();
-    run_instance.export_items([("run", ComponentExportKind::Func, 0)]);
-    component.section(&run_instance);
-    let mut component_exports = ComponentExportSection::new();
-    component_exports.export("wasi:cli/run@0.2.0", ComponentExportKind::Instance, 0, None);
-    component.section(&component_exports);
+    let mut component = running_core(&run_module(true, Some(spin)));
+    export_cli_run(&mut component, 0, 0);
     component.finish()
 }
 
@@ -99,30 +59,10 @@ pub fn spinning_at_instantiation() -> Vec<u8> {
 /// component model's async: it loads only where the host links WASI 0.3.
 pub fn importing_sync_wasi3() -> Vec<u8> {
     use wasm_encoder::{
-        CanonicalFunctionSection, CodeSection, ComponentExportKind, ComponentExportSection,
-        ComponentImportSection, ComponentInstanceSection, ComponentTypeRef, ComponentTypeSection,
-        ComponentValType, ExportKind, ExportSection, Function, FunctionSection, InstanceType,
-        Instruction, Module, PrimitiveValType, TypeSection, ValType,
+        ComponentImportSection, ComponentTypeRef, ComponentTypeSection, ComponentValType,
+        InstanceType, PrimitiveValType,
     };
-    let mut module = Module::new();
-    let mut types = TypeSection::new();
-    types.ty().function([], [ValType::I32]);
-    let mut functions = FunctionSection::new();
-    functions.function(0);
-    let mut exports = ExportSection::new();
-    exports.export("run", ExportKind::Func, 0);
-    let mut code = CodeSection::new();
-    let mut run = Function::new([]);
-    run.instruction(&Instruction::I32Const(0))
-        .instruction(&Instruction::End);
-    code.function(&run);
-    module
-        .section(&types)
-        .section(&functions)
-        .section(&exports)
-        .section(&code);
-
-    let mut component = running_core(&module);
+    let mut component = running_core(&run_module(true, None));
     let mut clock = InstanceType::new();
     clock
         .ty()
@@ -132,11 +72,6 @@ pub fn importing_sync_wasi3() -> Vec<u8> {
     clock.export("now", ComponentTypeRef::Func(0));
     let mut component_types = ComponentTypeSection::new();
     component_types.instance(&clock);
-    component_types.defined_type().result(None, None);
-    component_types
-        .function()
-        .params(Vec::<(&str, ComponentValType)>::new())
-        .result(Some(ComponentValType::Type(1)));
     component.section(&component_types);
     let mut imports = ComponentImportSection::new();
     imports.import(
@@ -144,16 +79,74 @@ pub fn importing_sync_wasi3() -> Vec<u8> {
         ComponentTypeRef::Instance(0),
     );
     component.section(&imports);
+    export_cli_run(&mut component, 1, 1);
+    component.finish()
+}
+
+/// A core module that exports `run`: `() -> i32` answering 0 if `result`, else `() -> ()`;
+/// with `start`, a start function (of type `() -> ()`) besides.
+fn run_module(result: bool, start: Option<wasm_encoder::Function>) -> wasm_encoder::Module {
+    use wasm_encoder::{
+        CodeSection, ExportKind, ExportSection, Function, FunctionSection, Instruction, Module,
+        StartSection, TypeSection, ValType,
+    };
+    let mut types = TypeSection::new();
+    types.ty().function([], []);
+    types.ty().function([], [ValType::I32]);
+    let mut functions = FunctionSection::new();
+    let mut code = CodeSection::new();
+    let start_index = start.map(|start| {
+        functions.function(0);
+        code.function(&start);
+        0
+    });
+    let mut run = Function::new([]);
+    if result {
+        run.instruction(&Instruction::I32Const(0));
+    }
+    run.instruction(&Instruction::End);
+    functions.function(u32::from(result));
+    code.function(&run);
+    let mut exports = ExportSection::new();
+    exports.export("run", ExportKind::Func, u32::from(start_index.is_some()));
+    let mut module = Module::new();
+    module.section(&types).section(&functions).section(&exports);
+    if let Some(function_index) = start_index {
+        module.section(&StartSection { function_index });
+    }
+    module.section(&code);
+    module
+}
+
+/// Lifts core function 0 (`run` of [`running_core`], `() -> i32`) as `run: func() ->
+/// result` and exports it in instance `wasi:cli/run@0.2.0`, after `types` component types and
+/// `instances` component instances defined before.
+fn export_cli_run(component: &mut wasm_encoder::Component, types: u32, instances: u32) {
+    use wasm_encoder::{
+        CanonicalFunctionSection, ComponentExportKind, ComponentExportSection,
+        ComponentInstanceSection, ComponentTypeSection, ComponentValType,
+    };
+    let mut component_types = ComponentTypeSection::new();
+    component_types.defined_type().result(None, None);
+    component_types
+        .function()
+        .params(Vec::<(&str, ComponentValType)>::new())
+        .result(Some(ComponentValType::Type(types)));
+    component.section(&component_types);
     let mut canonical = CanonicalFunctionSection::new();
-    canonical.lift(0, 2, []);
+    canonical.lift(0, types + 1, []);
     component.section(&canonical);
     let mut run_instance = ComponentInstanceSection::new();
     run_instance.export_items([("run", ComponentExportKind::Func, 0)]);
     component.section(&run_instance);
     let mut component_exports = ComponentExportSection::new();
-    component_exports.export("wasi:cli/run@0.2.0", ComponentExportKind::Instance, 1, None);
+    component_exports.export(
+        "wasi:cli/run@0.2.0",
+        ComponentExportKind::Instance,
+        instances,
+        None,
+    );
     component.section(&component_exports);
-    component.finish()
 }
 
 /// A component that instantiates `module` (no imports) and aliases its core function `run` as
@@ -182,28 +175,10 @@ fn running_core(module: &wasm_encoder::Module) -> wasm_encoder::Component {
 /// targets WASI 0.2 or 0.3 emits it).
 pub fn stackful_async() -> Vec<u8> {
     use wasm_encoder::{
-        CanonicalFunctionSection, CanonicalOption, CodeSection, ComponentExportKind,
-        ComponentExportSection, ComponentTypeSection, ComponentValType, ExportKind, ExportSection,
-        Function, FunctionSection, Instruction, Module, TypeSection,
+        CanonicalFunctionSection, CanonicalOption, ComponentExportKind, ComponentExportSection,
+        ComponentTypeSection, ComponentValType,
     };
-    let mut module = Module::new();
-    let mut types = TypeSection::new();
-    types.ty().function([], []);
-    let mut functions = FunctionSection::new();
-    functions.function(0);
-    let mut exports = ExportSection::new();
-    exports.export("run", ExportKind::Func, 0);
-    let mut code = CodeSection::new();
-    let mut run = Function::new([]);
-    run.instruction(&Instruction::End);
-    code.function(&run);
-    module
-        .section(&types)
-        .section(&functions)
-        .section(&exports)
-        .section(&code);
-
-    let mut component = running_core(&module);
+    let mut component = running_core(&run_module(false, None));
     let mut component_types = ComponentTypeSection::new();
     component_types
         .function()
