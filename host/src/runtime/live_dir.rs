@@ -41,9 +41,13 @@ use super::debounce::{Change, Debouncer, FileStamp, since};
 use super::engine::Runtime;
 use super::state::Host;
 use crate::clock::{Clock, SystemClock};
+use crate::sources::{BlobCache, Puller, SourceRef};
 
 /// The loaded services by name: what a leader runs now.
 pub(crate) type Catalogue = BTreeMap<String, Arc<Loaded>>;
+
+/// The registry sources of the settings, by service name (SPEC §13).
+pub(crate) type Sources = BTreeMap<String, SourceRef>;
 
 /// How often the follower checks that the services path still names the directory it watches.
 const RECHECK: Duration = Duration::from_secs(1);
@@ -77,6 +81,7 @@ impl LiveDir {
         linker: Linker<Host>,
         catalogue: Arc<watch::Sender<Catalogue>>,
         rejected: BTreeMap<String, String>,
+        mut sources: watch::Receiver<Sources>,
     ) -> Result<Self, RuntimeError> {
         let dir = rt.config.services_dir.clone();
         let watch_err = |source: notify::Error| RuntimeError::Watch {
@@ -94,6 +99,8 @@ impl LiveDir {
             .watch(&dir, RecursiveMode::NonRecursive)
             .map_err(watch_err)?;
         let stop = Arc::new(AtomicBool::new(false));
+        // The first load pulled these already.
+        let applied = sources.borrow_and_update().clone();
         let mut follower = Follower {
             watched: identity(&dir),
             unwatchable: None,
@@ -108,6 +115,8 @@ impl LiveDir {
             rejected,
             stop: Arc::clone(&stop),
             clock: SystemClock::local(),
+            applied,
+            sources,
         };
         let thread = std::thread::Builder::new()
             .name("vvm-live-dir".into())
@@ -122,6 +131,15 @@ impl LiveDir {
             wake: tx,
             thread: Some(thread),
         })
+    }
+}
+
+impl LiveDir {
+    /// Wakes the follower to look at the registry sources now (a reload changed them).
+    pub(crate) fn wake(&self) {
+        let _ = self
+            .wake
+            .send(Some(Ok(notify::Event::new(notify::EventKind::Other))));
     }
 }
 
@@ -184,6 +202,10 @@ struct Follower {
     rejected: BTreeMap<String, String>,
     stop: Arc<AtomicBool>,
     clock: SystemClock,
+    /// The registry sources as the settings have them now (SPEC §13).
+    sources: watch::Receiver<Sources>,
+    /// The registry sources last looked at.
+    applied: Sources,
 }
 
 impl Follower {
@@ -210,6 +232,9 @@ impl Follower {
             }
             if self.stop.load(Ordering::Acquire) {
                 return;
+            }
+            if self.sources.has_changed().unwrap_or(false) {
+                self.follow_sources(&mut debouncer);
             }
             let dir = self.dir.clone();
             let due = debouncer.due(self.clock.now(), |name| {
@@ -301,8 +326,69 @@ impl Follower {
         debouncer.note_all(names.iter().map(String::as_str), self.clock.now());
     }
 
+    /// Brings the registry services in line with the settings' sources (SPEC §13), after
+    /// a reload: each added or changed source is pulled and loaded, and each source named by
+    /// a tag alone is resolved again (a new push under the tag is taken); a service whose
+    /// source is gone is removed, and its file, if any, looked at.
+    fn follow_sources(&mut self, debouncer: &mut Debouncer) {
+        let now = self.sources.borrow_and_update().clone();
+        let before = std::mem::replace(&mut self.applied, now.clone());
+        let puller = Puller::new(
+            self.rt.config.registry.clone(),
+            BlobCache::beside(&self.rt.config.cache_dir),
+        );
+        for (name, source) in &now {
+            if self.stop.load(Ordering::Acquire) {
+                return;
+            }
+            let current = self.catalogue.borrow().get(name).cloned();
+            if source.is_pinned()
+                && current.as_ref().and_then(|c| c.source.as_ref()) == Some(source)
+            {
+                continue;
+            }
+            let file = match ServiceFile::pull(name, source, &puller) {
+                Ok(file) => file,
+                Err(e) => {
+                    self.reject(name, source.to_string(), &e, current.as_deref());
+                    continue;
+                }
+            };
+            let unchanged = current
+                .as_ref()
+                .is_some_and(|old| old.version == file.version() && old.source == file.source);
+            if unchanged {
+                tracing::debug!(service = name, source = %source, "service source unchanged");
+                self.rt.ops.service_rejected(name, false);
+                continue;
+            }
+            self.load(name, &file, current);
+        }
+        for name in before.keys().filter(|n| !now.contains_key(*n)) {
+            let from_source = self
+                .catalogue
+                .borrow()
+                .get(name)
+                .is_some_and(|s| s.source.is_some());
+            if from_source {
+                tracing::info!(service = name, "service source removed");
+                self.catalogue.send_modify(|c| {
+                    c.remove(name);
+                });
+                self.rt.ops.service_removed(name);
+            }
+            self.rejected.remove(name);
+            // Its file, if there is one, is the service now.
+            debouncer.note_all(std::iter::once(name.as_str()), self.clock.now());
+        }
+    }
+
     /// Brings service `name` in the catalogue in line with its file.
     fn refresh(&mut self, name: &str) {
+        if let Some(source) = self.sources.borrow().get(name) {
+            tracing::debug!(service = name, %source, "the service comes from its source: its file is ignored");
+            return;
+        }
         let path = self.dir.join(format!("{name}.wasm"));
         let current = self.catalogue.borrow().get(name).cloned();
         let read = path.is_file().then(|| ServiceFile::read(&path));
@@ -382,6 +468,7 @@ impl Follower {
                     }
                 }
                 self.rt.ops.service_loaded(name, loaded.serves_http());
+                self.rt.ops.service_rejected(name, false);
                 self.catalogue.send_modify(|c| {
                     c.insert(name.to_owned(), Arc::new(loaded));
                 });
@@ -394,6 +481,7 @@ impl Follower {
     /// (`current`), runs on. The same version is not looked at again.
     fn reject(&mut self, name: &str, version: String, error: &LoadError, current: Option<&Loaded>) {
         self.rejected.insert(name.to_owned(), version);
+        self.rt.ops.service_rejected(name, true);
         // The error names the file and the reason.
         tracing::error!(
             service = name,
