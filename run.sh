@@ -14,6 +14,7 @@ setup() {
   command -v protoc >/dev/null || need+=(protobuf-compiler)   # etcd-client's build script
   command -v etcd >/dev/null || need+=(etcd-server)           # the etcd backend's tests
   command -v etcdctl >/dev/null || need+=(etcd-client)
+  command -v docker-registry >/dev/null || need+=(docker-registry) # OCI registry (e2e oci)
   command -v python3 >/dev/null && python3 -m venv --help >/dev/null 2>&1 ||
     need+=(python3 python3-venv)                              # componentize-py (Python guests)
   command -v npm >/dev/null || need+=(nodejs npm)             # componentize-js (JS guests)

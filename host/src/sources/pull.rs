@@ -336,6 +336,13 @@ impl Puller {
                 {
                     too_large(cap + 1)
                 }
+                OciDistributionError::DigestError(
+                    oci_client::errors::DigestError::VerificationError { expected, actual },
+                ) => PullError::DigestMismatch {
+                    what: "component layer",
+                    expected,
+                    actual,
+                },
                 e => classify(&source.registry, e),
             })?;
         // oci-client checked the bytes against the digest; checked again here, so that what

@@ -1,0 +1,275 @@
+//! Components by digest (SPEC §13, issue 49): a real registry on loopback (Debian's
+//! `docker-registry`, distribution 2.8), components pushed by `vvm-host push`, and real hosts
+//! pulling them: served by digest, started from the cache with the registry down, replaced on
+//! SIGHUP; a tampered blob, a tag naming something that is no component, and a 401 each
+//! refused with the reason, nothing cached, the other services running.
+
+use std::path::Path;
+use std::process::Command;
+
+use rustix::process::Signal;
+use testkit::guests;
+use testkit::host::Host;
+use testkit::registry::Registry;
+
+use crate::BIN;
+use crate::incoming_http::{free_addr, get};
+use crate::live_dir::padded_ticker;
+use crate::ops::{endpoint, metrics_until};
+
+/// `vvm-host push FILE REF --insecure-registries ADDR`: the pinned reference it prints.
+fn push(file: &Path, reference: &str, registry: &Registry) -> String {
+    let out = Command::new(BIN)
+        .args(["push"])
+        .arg(file)
+        .args([reference, "--insecure-registries", &registry.addr()])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success(),
+        "push {reference}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout.trim().to_owned()
+}
+
+/// The digest of a pinned reference.
+fn digest(pinned: &str) -> &str {
+    &pinned[pinned.rfind('@').unwrap() + 1..]
+}
+
+/// `NAME` in the JSON log lines.
+fn tag(service: &str) -> String {
+    format!("\"service\":\"{service}\"")
+}
+
+/// A host serving `dir` (its `vvm.toml`) with HTTP on `http` and the operations endpoint on.
+fn host(name: &'static str, dir: &Path, http: std::net::SocketAddr) -> Host {
+    let (http, cache) = (http.to_string(), format!("cache-{name}"));
+    let args = [
+        "serve",
+        "--store",
+        "vvm.redb",
+        "--lease",
+        "5s",
+        "--grace-period",
+        "1s",
+        "--cache-dir",
+        &cache,
+        "--http-addr",
+        &http,
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ];
+    Host::start(BIN, name, dir, &args, "info")
+}
+
+/// A services directory with the ticker, and `vvm.toml` with `sources` (`[service.NAME]`
+/// tables, whole) and the registries listed as insecure.
+fn write_config(dir: &Path, insecure: &[String], tables: &str) {
+    let insecure: Vec<String> = insecure.iter().map(|a| format!("{a:?}")).collect();
+    let text = format!("insecure-registries = [{}]\n{tables}", insecure.join(", "));
+    std::fs::write(dir.join("vvm.toml"), text).unwrap();
+}
+
+#[test]
+fn a_pinned_component_serves_starts_from_the_cache_with_the_registry_down_and_is_replaced_on_sighup()
+ {
+    let Some(mut registry) = Registry::start() else {
+        return;
+    };
+    let dir = testkit::host::cluster_dir();
+    let addr = registry.addr();
+    let v1 = push(
+        &guests::guest("rust-http"),
+        &format!("oci://{addr}/e2e/hello:v1"),
+        &registry,
+    );
+    // The same file pushed again: the same digest (`created` is fixed).
+    let again = push(
+        &guests::guest("rust-http"),
+        &format!("oci://{addr}/e2e/hello:v1"),
+        &registry,
+    );
+    assert_eq!(v1, again);
+    let hello = |pinned: &str| format!("[service.hello]\nsource = \"{pinned}\"\n");
+    write_config(dir.path(), std::slice::from_ref(&addr), &hello(&v1));
+    let http = free_addr();
+    let mut a = host("a", dir.path(), http);
+    let pulled = a.wait_for(&["service pulled", &tag("hello")]);
+    assert!(
+        pulled.text.contains(&v1) && pulled.text.contains("\"from_cache\":false"),
+        "{}",
+        pulled.text
+    );
+    a.wait_for(&["service running", &tag("hello")]);
+    let (status, _, body) = get(http, "/hello/");
+    assert_eq!(status, 200, "{body}");
+
+    // The registry gone: a host with the digest cached starts and serves it.
+    a.signal(Signal::TERM);
+    assert!(a.wait_exit().success());
+    registry.stop();
+    let a = host("a", dir.path(), http);
+    let pulled = a.wait_for(&["service pulled", &tag("hello")]);
+    assert!(
+        pulled.text.contains("\"from_cache\":true"),
+        "{}",
+        pulled.text
+    );
+    a.wait_for(&["service running", &tag("hello")]);
+    let (status, _, body) = get(http, "/hello/");
+    assert_eq!(status, 200, "{body}");
+
+    // A new version pushed and pinned: SIGHUP swaps it in.
+    registry.restart();
+    let v2_file = dir.path().join("hello-v2.wasm");
+    std::fs::write(&v2_file, padded_http(4096)).unwrap();
+    let v2 = push(&v2_file, &format!("oci://{addr}/e2e/hello:v2"), &registry);
+    assert_ne!(digest(&v1), digest(&v2));
+    write_config(dir.path(), std::slice::from_ref(&addr), &hello(&v2));
+    let mark = a.mark();
+    a.signal(Signal::HUP);
+    let (_, pulled) = a.wait_for_from(mark, &["service pulled", &tag("hello")]);
+    assert!(pulled.text.contains(&v2), "{}", pulled.text);
+    a.wait_for_from(mark, &["service replaced", &tag("hello")]);
+    let (status, _, body) = get(http, "/hello/");
+    assert_eq!(status, 200, "{body}");
+}
+
+/// rust-http with a custom section: a valid component, other bytes.
+fn padded_http(size: usize) -> Vec<u8> {
+    let ticker = padded_ticker(size);
+    let plain = std::fs::read(guests::guest("rust-ticker")).unwrap();
+    let mut bytes = std::fs::read(guests::guest("rust-http")).unwrap();
+    bytes.extend_from_slice(&ticker[plain.len()..]);
+    bytes
+}
+
+#[test]
+fn a_tampered_blob_a_tag_that_is_no_component_and_a_401_are_refused_with_the_reason() {
+    let Some(registry) = Registry::start() else {
+        return;
+    };
+    let Some(locked) = Registry::start_htpasswd() else {
+        return;
+    };
+    let dir = testkit::host::cluster_dir();
+    let addr = registry.addr();
+    let good = push(
+        &guests::guest("rust-http"),
+        &format!("oci://{addr}/e2e/good:v1"),
+        &registry,
+    );
+    // Its layer's bytes changed in the registry's storage: served under the old digest.
+    let bad = push(
+        &guests::guest("rust-command"),
+        &format!("oci://{addr}/e2e/bad:v1"),
+        &registry,
+    );
+    let layer = sha256(&std::fs::read(guests::guest("rust-command")).unwrap());
+    let blob = registry.blob_path(&layer);
+    let mut bytes = std::fs::read(&blob).unwrap();
+    bytes[100] ^= 0xff;
+    std::fs::write(&blob, bytes).unwrap();
+    // A tag naming an image (a tar layer), not a Wasm component.
+    let not_wasm = push_image(&addr, "e2e/image", "v1");
+    let tables = format!(
+        "[service.good]\nsource = \"{good}\"\n\
+         [service.bad]\nsource = \"{bad}\"\n\
+         [service.image]\nsource = \"{not_wasm}\"\n\
+         [service.tagged]\nsource = \"oci://{addr}/e2e/good:v1\"\n\
+         [service.locked]\nsource = \"oci://{}/e2e/secret@{}\"\n",
+        locked.addr(),
+        // Not a digest any host here has cached (a cached one would need no request).
+        sha256(b"secret")
+    );
+    write_config(dir.path(), &[addr.clone(), locked.addr()], &tables);
+
+    // `check` says the tag is not pinned, and why each is refused.
+    let out = Command::new(BIN)
+        .arg("check")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    for needle in [
+        "names a tag, not a digest",
+        "is not a Wasm component",
+        "refused access (401",
+    ] {
+        assert!(said.contains(needle), "{needle}: {said}");
+    }
+
+    let http = free_addr();
+    let a = host("a", dir.path(), http);
+    let refused = |service: &str, reason: &str| {
+        let line = a.wait_for(&["service rejected", &tag(service)]);
+        assert!(line.text.contains(reason), "{service}: {}", line.text);
+    };
+    refused("bad", "does not match its digest");
+    refused("image", "is not a Wasm component");
+    refused("locked", "refused access (401");
+    a.wait_for(&["service running", &tag("good")]);
+    a.wait_for(&["service running", &tag("tagged")]);
+    a.wait_for(&["tick 2", "rust-ticker"]);
+    let (status, _, body) = get(http, "/good/");
+    assert_eq!(status, 200, "{body}");
+    // Nothing of the refused ones is cached: only good's manifest and layer.
+    let cached: Vec<String> = std::fs::read_dir(dir.path().join("cache-a/oci/sha256"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(cached.len(), 2, "{cached:?}");
+    assert!(
+        cached.contains(&digest(&good)["sha256:".len()..].to_owned()),
+        "{cached:?}"
+    );
+    let base = endpoint(&a);
+    metrics_until(&base, |m| {
+        ["bad", "image", "locked"]
+            .iter()
+            .all(|s| m.get(&format!("vvm_service_rejected{{service={s}}}")) == Some(&1.0))
+            && m.get("vvm_service_rejected{service=good}") == Some(&0.0)
+    });
+}
+
+/// The SHA-256 of `bytes` as `sha256:<hex>`.
+fn sha256(bytes: &[u8]) -> String {
+    vvm_host::sources::sha256_digest(bytes)
+}
+
+/// Pushes a one-layer container image (not a Wasm artifact) as `repo:tag` with oci-client
+/// directly, and returns its reference by tag.
+fn push_image(addr: &str, repo: &str, tag: &str) -> String {
+    use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let client = oci_client::Client::try_from(ClientConfig {
+            protocol: ClientProtocol::Http,
+            ..ClientConfig::default()
+        })
+        .unwrap();
+        let reference = oci_client::Reference::with_tag(addr.into(), repo.into(), tag.into());
+        let layer = ImageLayer::oci_v1(b"not a component".to_vec(), None);
+        let config = Config::oci_v1(b"{}".to_vec(), None);
+        client
+            .push(
+                &reference,
+                &[layer],
+                config,
+                &oci_client::secrets::RegistryAuth::Anonymous,
+                None,
+            )
+            .await
+            .unwrap();
+    });
+    format!("oci://{addr}/{repo}:{tag}")
+}
