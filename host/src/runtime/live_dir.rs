@@ -333,10 +333,12 @@ impl Follower {
     fn follow_sources(&mut self, debouncer: &mut Debouncer) {
         let now = self.sources.borrow_and_update().clone();
         let before = std::mem::replace(&mut self.applied, now.clone());
+        let stop = Arc::clone(&self.stop);
         let puller = Puller::new(
             self.rt.config.registry.clone(),
             BlobCache::beside(&self.rt.config.cache_dir),
-        );
+        )
+        .until(Arc::new(move || stop.load(Ordering::Acquire)));
         for (name, source) in &now {
             if self.stop.load(Ordering::Acquire) {
                 return;
@@ -349,6 +351,8 @@ impl Follower {
             }
             let file = match ServiceFile::pull(name, source, &puller) {
                 Ok(file) => file,
+                // Given up for the stop: nothing to report.
+                Err(_) if self.stop.load(Ordering::Acquire) => return,
                 Err(e) => {
                     self.reject(name, source.to_string(), &e, current.as_deref());
                     continue;

@@ -148,6 +148,8 @@ impl WasmServices {
                     ops.service_rejected(&loaded.name, false);
                     services.insert(loaded.name.clone(), Arc::new(loaded));
                 }
+                // A pull given up for the stop: no rejection to report.
+                Err(_) if stop.is_cancelled() => return Err(RuntimeError::Stopped),
                 Err(e) => {
                     let duration_ms = step.elapsed_ms();
                     progress

@@ -20,7 +20,7 @@ mod reference;
 
 pub use blobs::{BlobCache, sha256_digest};
 pub use pull::{
-    DEFAULT_PULL_TIMEOUT, MAX_MANIFEST_BYTES, PullError, Pulled, Puller, RegistryOptions,
+    DEFAULT_PULL_TIMEOUT, MAX_MANIFEST_BYTES, PullError, Pulled, Puller, RegistryOptions, StopFn,
 };
 pub use push::{PushError, push};
 pub use reference::{ReferenceError, SCHEME, SourceRef};

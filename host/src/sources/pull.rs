@@ -9,6 +9,7 @@
 
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -145,6 +146,9 @@ pub enum PullError {
     /// The CA file could not be read, or the client could not be set up.
     #[error("registry client: {0}")]
     Setup(String),
+    /// The host is stopping: the pull was given up.
+    #[error("given up: the host is stopping")]
+    Stopped,
     /// The cache could not be written.
     #[error("component cache {path}: {source}")]
     Cache {
@@ -188,17 +192,47 @@ impl PullError {
     }
 }
 
+/// Whether the host is stopping: a pull in progress then ends at once.
+pub type StopFn = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// How often a pull looks at its [`StopFn`].
+const STOP_CHECK: Duration = Duration::from_millis(50);
+
 /// Pulls registry sources into a cache.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Puller {
     options: RegistryOptions,
     cache: BlobCache,
+    stop: Option<StopFn>,
+}
+
+impl std::fmt::Debug for Puller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Puller")
+            .field("options", &self.options)
+            .field("cache", &self.cache)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Puller {
     /// A puller keeping what it pulls in `cache`.
     pub fn new(options: RegistryOptions, cache: BlobCache) -> Self {
-        Self { options, cache }
+        Self {
+            options,
+            cache,
+            stop: None,
+        }
+    }
+
+    /// The same puller, giving up a pull (as [`PullError::Stopped`]) once `stop` says so: a
+    /// host told to stop does not wait out a slow registry.
+    #[must_use]
+    pub fn until(self, stop: StopFn) -> Self {
+        Self {
+            stop: Some(stop),
+            ..self
+        }
     }
 
     /// The component `source` names: from the cache when pinned there, else from the
@@ -217,10 +251,13 @@ impl Puller {
         }
         let (this, source) = (self.clone(), source.clone());
         let timeout = self.options.timeout;
+        let stop = self.stop.clone();
         on_own_runtime(async move {
-            tokio::time::timeout(timeout, this.attempts(&source))
-                .await
-                .unwrap_or(Err(PullError::Timeout(timeout)))
+            let pull = tokio::time::timeout(timeout, this.attempts(&source));
+            tokio::select! {
+                pulled = pull => pulled.unwrap_or(Err(PullError::Timeout(timeout))),
+                () = stopped(stop) => Err(PullError::Stopped),
+            }
         })
     }
 
@@ -385,6 +422,16 @@ fn checked_manifest(manifest: &[u8], digest: &str) -> Result<OciDescriptor, Pull
     let manifest: OciImageManifest = serde_json::from_slice(manifest)
         .map_err(|e| not_component(format!("its manifest is not an OCI image manifest: {e}")))?;
     component_layer(&manifest).cloned().map_err(not_component)
+}
+
+/// Resolves once `stop` says the host is stopping; never without one.
+async fn stopped(stop: Option<StopFn>) {
+    let Some(stop) = stop else {
+        return std::future::pending().await;
+    };
+    while !stop() {
+        tokio::time::sleep(STOP_CHECK).await;
+    }
 }
 
 /// Runs `work` to its end on a runtime of its own, on a thread of its own (so that it may be
@@ -737,6 +784,30 @@ mod tests {
             reason: "refused".into(),
         };
         assert!(unreachable.is_transient());
+    }
+
+    #[test]
+    fn a_pull_is_given_up_once_the_host_stops() {
+        // A listener that accepts and never answers: the pull would wait for its timeout.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = silent.local_addr().unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let options = RegistryOptions {
+            insecure: vec![addr.to_string()],
+            ..RegistryOptions::default()
+        };
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let puller =
+            Puller::new(options, BlobCache::beside(tmp.path())).until(Arc::new(move || {
+                flag.load(std::sync::atomic::Ordering::Relaxed)
+            }));
+        let source: SourceRef = format!("oci://{addr}/hello:v1").parse().unwrap();
+        let pulling = std::thread::spawn(move || puller.pull(&source));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let err = pulling.join().unwrap().unwrap_err();
+        assert!(matches!(err, PullError::Stopped), "{err}");
+        drop(silent);
     }
 
     #[test]
