@@ -144,6 +144,18 @@ impl Registry {
         }
     }
 
+    /// The password of user `docker` on a registry started with
+    /// [`Registry::start_htpasswd`] (made by the registry and logged at its first start).
+    pub fn password(&self) -> Option<String> {
+        let log = self.log();
+        let at = log.find(" password=")? + " password=".len();
+        let password: String = log[at..]
+            .chars()
+            .take_while(|c| !c.is_whitespace())
+            .collect();
+        (!password.is_empty()).then_some(password)
+    }
+
     /// The data directory (for a test that wants to look).
     pub fn dir(&self) -> &Path {
         self.dir.path()

@@ -46,6 +46,11 @@ fn tag(service: &str) -> String {
 
 /// A host serving `dir` (its `vvm.toml`) with HTTP on `http` and the operations endpoint on.
 fn host(name: &'static str, dir: &Path, http: std::net::SocketAddr) -> Host {
+    host_with(Command::new(BIN), name, dir, http)
+}
+
+/// Like [`host`], running `command`.
+fn host_with(command: Command, name: &'static str, dir: &Path, http: std::net::SocketAddr) -> Host {
     let (http, cache) = (http.to_string(), format!("cache-{name}"));
     let args = [
         "serve",
@@ -62,7 +67,7 @@ fn host(name: &'static str, dir: &Path, http: std::net::SocketAddr) -> Host {
         "--metrics-addr",
         "127.0.0.1:0",
     ];
-    Host::start(BIN, name, dir, &args, "info")
+    Host::start_command(command, name, dir, &args, "info")
 }
 
 /// A services directory with the ticker, and `vvm.toml` with `sources` (`[service.NAME]`
@@ -272,4 +277,88 @@ fn push_image(addr: &str, repo: &str, tag: &str) -> String {
             .unwrap();
     });
     format!("oci://{addr}/{repo}:{tag}")
+}
+
+/// Docker's `config.json` in `dir/docker` giving `user:password` for `registry`, and the
+/// directory to set as `DOCKER_CONFIG`.
+fn docker_config(dir: &Path, registry: &str, user: &str, password: &str) -> std::path::PathBuf {
+    let config = dir.join("docker");
+    std::fs::create_dir_all(&config).unwrap();
+    let json =
+        serde_json::json!({ "auths": { registry: { "username": user, "password": password } } });
+    std::fs::write(config.join("config.json"), json.to_string()).unwrap();
+    config
+}
+
+#[test]
+fn credentials_from_docker_config_push_and_pull_and_are_never_logged() {
+    let Some(locked) = Registry::start_htpasswd() else {
+        return;
+    };
+    let password = locked
+        .password()
+        .expect("the registry logs the password it made");
+    let dir = testkit::host::cluster_dir();
+    let addr = locked.addr();
+    let good = docker_config(dir.path(), &addr, "docker", &password);
+    let reference = format!("oci://{addr}/e2e/private:v1");
+    let out = Command::new(BIN)
+        .env("DOCKER_CONFIG", &good)
+        .arg("push")
+        .arg(guests::guest("rust-http"))
+        .args([reference.as_str(), "--insecure-registries", &addr])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pinned = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    // Without credentials the push is refused, and says what to do.
+    let out = Command::new(BIN)
+        .env("DOCKER_CONFIG", dir.path().join("none"))
+        .arg("push")
+        .arg(guests::guest("rust-http"))
+        .args([reference.as_str(), "--insecure-registries", &addr])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("refused access (401"),
+        "{stderr}"
+    );
+
+    let tables = format!("[service.private]\nsource = \"{pinned}\"\n");
+    write_config(dir.path(), std::slice::from_ref(&addr), &tables);
+    let http = free_addr();
+    let mut command = Command::new(BIN);
+    command.env("DOCKER_CONFIG", &good);
+    let a = host_with(command, "a", dir.path(), http);
+    a.wait_for(&["service running", &tag("private")]);
+    let (status, _, body) = get(http, "/private/");
+    assert_eq!(status, 200, "{body}");
+    a.signal(Signal::TERM);
+    // A wrong password: refused with the reason; the password is in no log line.
+    let wrong = docker_config(&dir.path().join("w"), &addr, "docker", "not-the-password");
+    let mut command = Command::new(BIN);
+    command.env("DOCKER_CONFIG", &wrong);
+    let b = host_with(command, "b", dir.path(), free_addr());
+    let line = b.wait_for(&["service rejected", &tag("private")]);
+    assert!(line.text.contains("refused access (401"), "{}", line.text);
+    b.wait_for(&["services loaded"]);
+    for host in [&a, &b] {
+        for line in host.lines() {
+            assert!(
+                !line.text.contains(&password),
+                "a password in the log: {}",
+                line.text
+            );
+            assert!(
+                !line.text.contains("not-the-password"),
+                "a password in the log: {}",
+                line.text
+            );
+        }
+    }
 }
