@@ -1,7 +1,7 @@
 //! Components by digest (SPEC §13, issue 49): a real registry on loopback (Debian's
 //! `docker-registry`, distribution 2.8), components pushed by `vvm-host push`, and real hosts
 //! pulling them: served by digest, started from the cache with the registry down, replaced on
-//! SIGHUP; a tampered blob, a tag naming something that is no component, and a 401 each
+//! SIGHUP and on a rewritten `vvm.toml`; a tampered blob, a tag naming something that is no component, and a 401 each
 //! refused with the reason, nothing cached, the other services running.
 
 use std::path::Path;
@@ -141,6 +141,18 @@ fn a_pinned_component_serves_starts_from_the_cache_with_the_registry_down_and_is
     a.wait_for_from(mark, &["service replaced", &tag("hello")]);
     let (status, _, body) = get(http, "/hello/");
     assert_eq!(status, 200, "{body}");
+
+    // `vvm.toml` written again, no signal: re-read, and v1 (cached) swapped back in.
+    let mark = a.mark();
+    write_config(dir.path(), std::slice::from_ref(&addr), &hello(&v1));
+    a.wait_for_from(mark, &["the configuration file changed"]);
+    let (_, pulled) = a.wait_for_from(mark, &["service pulled", &tag("hello")]);
+    assert!(
+        pulled.text.contains(&v1) && pulled.text.contains("\"from_cache\":true"),
+        "{}",
+        pulled.text
+    );
+    a.wait_for_from(mark, &["service replaced", &tag("hello")]);
 }
 
 /// rust-http with a custom section: a valid component, other bytes.

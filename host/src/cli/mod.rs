@@ -2,6 +2,7 @@
 //! types and the dispatch. Settings are resolved by [`crate::config`], the store opened by
 //! [`crate::store::open`].
 
+mod config_watch;
 mod kv;
 mod new;
 mod push;
