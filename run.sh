@@ -52,6 +52,11 @@ case "${1:-}" in
         "a fresh build and test run take about 4 GB" >&2
     fi
     setup
+    # oras-py, a third-party OCI client the e2e tests push components with (tests/e2e/oci.rs).
+    if [ ! -x target/.venv-oras/bin/python ]; then
+      python3 -m venv target/.venv-oras
+      target/.venv-oras/bin/pip install --quiet --disable-pip-version-check oras==0.2.43
+    fi
     cargo fmt --all --check
     cargo clippy --workspace --all-targets --locked -- -D warnings
     cargo test --workspace --locked "$@"

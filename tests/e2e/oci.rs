@@ -1,8 +1,10 @@
 //! Components by digest (SPEC §13, issue 49): a real registry on loopback (Debian's
-//! `docker-registry`, distribution 2.8), components pushed by `vvm-host push`, and real hosts
-//! pulling them: served by digest, started from the cache with the registry down, replaced on
-//! SIGHUP and on a rewritten `vvm.toml`; a tampered blob, a tag naming something that is no component, and a 401 each
-//! refused with the reason, nothing cached, the other services running.
+//! `docker-registry`, distribution 2.8), components pushed by `vvm-host push` and by oras-py
+//! (a third-party client), and real hosts pulling them: served by digest, started from the
+//! cache with the registry down, replaced on SIGHUP and on a rewritten `vvm.toml`; a tampered
+//! blob, a tag naming something that is no component, and a 401 each refused with the
+//! reason, nothing cached, the other services running; credentials from Docker's
+//! `config.json`, never logged.
 
 use std::path::Path;
 use std::process::Command;
@@ -373,4 +375,73 @@ fn credentials_from_docker_config_push_and_pull_and_are_never_logged() {
             );
         }
     }
+}
+
+/// oras-py's Python (`target/.venv-oras`, made by `run.sh test`), or `None` (said) outside CI.
+fn oras_python() -> Option<std::path::PathBuf> {
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/.venv-oras/bin/python");
+    if python.is_file() {
+        return Some(python);
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "oras-py is not installed, and CI is set: run.sh test installs it"
+    );
+    eprintln!("SKIPPED: oras-py is not in target/.venv-oras (run.sh test installs it)");
+    None
+}
+
+/// Pushes `file` as `repo:tag` with oras-py, in the CNCF Wasm layout's media types: the
+/// pinned reference.
+fn oras_push(python: &Path, file: &Path, registry: &Registry, repo_tag: &str) -> String {
+    const SCRIPT: &str = r#"
+import json, os, sys, oras.client
+host, target, wasm = sys.argv[1], sys.argv[2], sys.argv[3]
+os.chdir(os.path.dirname(wasm))
+with open("config.json", "w") as f:
+    json.dump({"architecture": "wasm", "os": "wasip2"}, f)
+client = oras.client.OrasClient(hostname=host, insecure=True)
+r = client.push(files=[os.path.basename(wasm) + ":application/wasm"], target=target,
+                manifest_config="config.json:application/vnd.wasm.config.v0+json",
+                disable_path_validation=True)
+print(r.headers["Docker-Content-Digest"])
+"#;
+    let addr = registry.addr();
+    let target = format!("{addr}/{repo_tag}");
+    let out = Command::new(python)
+        .args(["-c", SCRIPT, &addr, &target])
+        .arg(file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "oras-py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let digest = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    format!("oci://{target}@{digest}")
+}
+
+#[test]
+fn a_component_pushed_by_oras_is_served_by_digest() {
+    let Some(python) = oras_python() else {
+        return;
+    };
+    let Some(registry) = Registry::start() else {
+        return;
+    };
+    let dir = testkit::host::cluster_dir();
+    let wasm = dir.path().join("upload/hello.wasm");
+    std::fs::create_dir(wasm.parent().unwrap()).unwrap();
+    std::fs::copy(guests::guest("rust-http"), &wasm).unwrap();
+    let pinned = oras_push(&python, &wasm, &registry, "oras/hello:v1");
+    let tables = format!("[service.hello]\nsource = \"{pinned}\"\n");
+    write_config(dir.path(), &[registry.addr()], &tables);
+    let http = free_addr();
+    let a = host("a", dir.path(), http);
+    let pulled = a.wait_for(&["service pulled", &tag("hello")]);
+    assert!(pulled.text.contains(&pinned), "{}", pulled.text);
+    a.wait_for(&["service running", &tag("hello")]);
+    let (status, _, body) = get(http, "/hello/");
+    assert_eq!(status, 200, "{body}");
 }
