@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 /// A running registry; anonymous unless started with [`Registry::start_htpasswd`].
 pub struct Registry {
     child: Option<Child>,
+    /// Whether it serves HTTPS (then with `dir/ca.pem`'s CA).
+    tls: bool,
     binary: PathBuf,
     port: u16,
     dir: tempfile::TempDir,
@@ -24,16 +26,28 @@ impl Registry {
     /// Returns `None` (after printing why) when no `docker-registry` binary is on PATH,
     /// unless the environment variable `CI` is set: then a missing registry is a failure.
     pub fn start() -> Option<Self> {
-        Self::start_with(false)
+        Self::start_with(false, false)
+    }
+
+    /// Starts a registry anyone may use over HTTPS only, with a certificate (for 127.0.0.1)
+    /// that a fresh CA signed; [`Registry::ca`] is that CA's PEM file.
+    pub fn start_tls() -> Option<Self> {
+        Self::start_with(false, true)
+    }
+
+    /// The CA (PEM) that signed the certificate of a registry started with
+    /// [`Registry::start_tls`].
+    pub fn ca(&self) -> PathBuf {
+        self.dir.path().join("ca.pem")
     }
 
     /// Starts a registry that wants HTTP basic credentials (htpasswd, a user nobody was told
     /// the password of): every request without them is 401.
     pub fn start_htpasswd() -> Option<Self> {
-        Self::start_with(true)
+        Self::start_with(true, false)
     }
 
-    fn start_with(htpasswd: bool) -> Option<Self> {
+    fn start_with(htpasswd: bool, tls: bool) -> Option<Self> {
         let Some(binary) = crate::etcd::find_on_path("docker-registry") else {
             assert!(
                 std::env::var_os("CI").is_none(),
@@ -50,9 +64,18 @@ impl Registry {
         let data = dir.path().join("data");
         let mut config = format!(
             "version: 0.1\nlog: {{level: info}}\nstorage:\n  filesystem: {{rootdirectory: {}}}\n  \
-             delete: {{enabled: true}}\nhttp: {{addr: 127.0.0.1:{port}}}\n",
+             delete: {{enabled: true}}\nhttp:\n  addr: 127.0.0.1:{port}\n",
             data.display()
         );
+        if tls {
+            let (_, cert, key) = crate::http::server_files(dir.path());
+            let _ = writeln!(
+                config,
+                "  tls: {{certificate: {}, key: {}}}",
+                cert.display(),
+                key.display()
+            );
+        }
         if htpasswd {
             // A missing file is made with user `docker` and a random password (logged).
             let file = dir.path().join("htpasswd");
@@ -65,6 +88,7 @@ impl Registry {
         std::fs::write(dir.path().join("config.yml"), config).expect("registry config");
         let mut registry = Self {
             child: None,
+            tls,
             binary,
             port,
             dir,
@@ -132,7 +156,13 @@ impl Registry {
                     self.log()
                 );
             }
-            if answers(self.port) {
+            // Over TLS, a listening port is enough: the check below speaks plain HTTP.
+            let up = if self.tls {
+                TcpStream::connect((Ipv4Addr::LOCALHOST, self.port)).is_ok()
+            } else {
+                answers(self.port)
+            };
+            if up {
                 return;
             }
             assert!(

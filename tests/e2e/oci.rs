@@ -445,3 +445,51 @@ fn a_component_pushed_by_oras_is_served_by_digest() {
     let (status, _, body) = get(http, "/hello/");
     assert_eq!(status, 200, "{body}");
 }
+
+#[test]
+fn a_private_registry_over_https_is_trusted_with_registry_ca_file_and_refused_without() {
+    let Some(registry) = Registry::start_tls() else {
+        return;
+    };
+    let dir = testkit::host::cluster_dir();
+    let addr = registry.addr();
+    let ca = registry.ca();
+    let reference = format!("oci://{addr}/e2e/private:v1");
+    // HTTPS by default: no insecure-registries, the CA file given.
+    let out = Command::new(BIN)
+        .arg("push")
+        .arg(guests::guest("rust-http"))
+        .arg(&reference)
+        .arg("--registry-ca-file")
+        .arg(&ca)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pinned = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    let tables = format!("[service.private]\nsource = \"{pinned}\"\n");
+    let with_ca = format!(
+        "registry-ca-file = {:?}\n{tables}",
+        ca.display().to_string()
+    );
+    std::fs::write(dir.path().join("vvm.toml"), with_ca).unwrap();
+    let http = free_addr();
+    let mut a = host("a", dir.path(), http);
+    a.wait_for(&["service running", &tag("private")]);
+    let (status, _, body) = get(http, "/private/");
+    assert_eq!(status, 200, "{body}");
+    a.signal(Signal::TERM);
+    assert!(a.wait_exit().success());
+    // Without the CA: the certificate is not trusted, and the reason says so.
+    std::fs::write(dir.path().join("vvm.toml"), tables).unwrap();
+    let b = host("b", dir.path(), free_addr());
+    let line = b.wait_for(&["service rejected", &tag("private")]);
+    assert!(
+        line.text.contains("unreachable") && line.text.contains("certificate"),
+        "{}",
+        line.text
+    );
+}
