@@ -475,7 +475,7 @@ fn a_private_registry_over_https_is_trusted_with_registry_ca_file_and_refused_wi
         "registry-ca-file = {:?}\n{tables}",
         ca.display().to_string()
     );
-    std::fs::write(dir.path().join("vvm.toml"), with_ca).unwrap();
+    std::fs::write(dir.path().join("vvm.toml"), &with_ca).unwrap();
     let http = free_addr();
     let mut a = host("a", dir.path(), http);
     a.wait_for(&["service running", &tag("private")]);
@@ -492,4 +492,8 @@ fn a_private_registry_over_https_is_trusted_with_registry_ca_file_and_refused_wi
         "{}",
         line.text
     );
+    // The CA file given by a reload: the next pull trusts it.
+    let mark = b.mark();
+    std::fs::write(dir.path().join("vvm.toml"), with_ca).unwrap();
+    b.wait_for_from(mark, &["service added", &tag("private")]);
 }

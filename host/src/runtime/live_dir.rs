@@ -41,13 +41,20 @@ use super::debounce::{Change, Debouncer, FileStamp, since};
 use super::engine::Runtime;
 use super::state::Host;
 use crate::clock::{Clock, SystemClock};
-use crate::sources::{BlobCache, Puller, SourceRef};
+use crate::sources::{BlobCache, Puller, RegistryOptions, SourceRef};
 
 /// The loaded services by name: what a leader runs now.
 pub(crate) type Catalogue = BTreeMap<String, Arc<Loaded>>;
 
-/// The registry sources of the settings, by service name (SPEC §13).
-pub(crate) type Sources = BTreeMap<String, SourceRef>;
+/// The registry sources of the settings, by service name, and how registries are reached
+/// (SPEC §13): what a reload may change.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Sources {
+    /// The sources, by service name.
+    pub by_name: BTreeMap<String, SourceRef>,
+    /// `insecure-registries`, `registry-ca-file`, `pull-timeout`.
+    pub registry: RegistryOptions,
+}
 
 /// How often the follower checks that the services path still names the directory it watches.
 const RECHECK: Duration = Duration::from_secs(1);
@@ -331,14 +338,15 @@ impl Follower {
     /// a tag alone is resolved again (a new push under the tag is taken); a service whose
     /// source is gone is removed, and its file, if any, looked at.
     fn follow_sources(&mut self, debouncer: &mut Debouncer) {
-        let now = self.sources.borrow_and_update().clone();
-        let before = std::mem::replace(&mut self.applied, now.clone());
+        let Sources {
+            by_name: now,
+            registry,
+        } = self.sources.borrow_and_update().clone();
+        let before = std::mem::replace(&mut self.applied.by_name, now.clone());
+        self.applied.registry = registry.clone();
         let stop = Arc::clone(&self.stop);
-        let puller = Puller::new(
-            self.rt.config.registry.clone(),
-            BlobCache::beside(&self.rt.config.cache_dir),
-        )
-        .until(Arc::new(move || stop.load(Ordering::Acquire)));
+        let puller = Puller::new(registry, BlobCache::beside(&self.rt.config.cache_dir))
+            .until(Arc::new(move || stop.load(Ordering::Acquire)));
         for (name, source) in &now {
             if self.stop.load(Ordering::Acquire) {
                 return;
@@ -389,7 +397,7 @@ impl Follower {
 
     /// Brings service `name` in the catalogue in line with its file.
     fn refresh(&mut self, name: &str) {
-        if let Some(source) = self.sources.borrow().get(name) {
+        if let Some(source) = self.sources.borrow().by_name.get(name) {
             tracing::debug!(service = name, %source, "the service comes from its source: its file is ignored");
             return;
         }

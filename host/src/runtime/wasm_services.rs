@@ -27,7 +27,7 @@ use crate::ops::Ops;
 use crate::services::{
     FrontDoor, RunningServices, SeparateServices, ServiceContext, ServiceError, Services,
 };
-use crate::sources::{BlobCache, Puller, SourceRef};
+use crate::sources::{BlobCache, Puller, RegistryOptions, SourceRef};
 
 /// The services of one directory, compiled and pre-instantiated, ready to start under a
 /// lease. Cheap to start many times (once per leadership). With [`WasmServices::follow_dir`]
@@ -101,18 +101,7 @@ impl WasmServices {
         let mut services = Catalogue::new();
         let mut rejected = BTreeMap::new();
         let mut errors = Vec::new();
-        // A registry source takes the place of a file of the same name (SPEC §13).
-        let files: Vec<PathBuf> = files
-            .into_iter()
-            .filter(|path| {
-                let name = component::service_name(path).unwrap_or_default();
-                let Some(source) = config.sources.get(&name) else {
-                    return true;
-                };
-                tracing::warn!(service = name, file = %path.display(), %source, "the service comes from its source: its file is ignored");
-                false
-            })
-            .collect();
+        let files = without_sourced(files, &config.sources);
         let progress = Progress::new(files.len() + config.sources.len());
         let puller = Puller::new(
             config.registry.clone(),
@@ -170,7 +159,11 @@ impl WasmServices {
             cache_hits = stats.cache_hits,
             "services loaded"
         );
-        let sources = watch::channel(config.sources.clone()).0;
+        let sources = watch::channel(Sources {
+            by_name: config.sources.clone(),
+            registry: config.registry.clone(),
+        })
+        .0;
         let rt = Arc::new(Runtime::start(config, engine, ops)?);
         let catalogue = watch::channel(services).0;
         Ok((
@@ -238,11 +231,15 @@ impl WasmServices {
         self.rt.set_grants(grants);
     }
 
-    /// Replaces the registry sources (a re-read configuration, SPEC §13): the live
-    /// directory pulls what was added or changed, resolves tags again and removes what is
-    /// gone, off the async runtime. Nothing before [`WasmServices::follow_dir`].
-    pub fn set_sources(&self, sources: BTreeMap<String, SourceRef>) {
-        self.sources.send_replace(sources);
+    /// Replaces the registry sources and how registries are reached (a re-read
+    /// configuration, SPEC §13): the live directory pulls what was added or changed, resolves
+    /// tags again and removes what is gone, off the async runtime. Nothing before
+    /// [`WasmServices::follow_dir`].
+    pub fn set_sources(&self, sources: BTreeMap<String, SourceRef>, registry: RegistryOptions) {
+        self.sources.send_replace(Sources {
+            by_name: sources,
+            registry,
+        });
         if let Some(live) = self
             .live
             .lock()
@@ -271,6 +268,22 @@ impl WasmServices {
     pub fn stats(&self) -> LoadStats {
         self.stats
     }
+}
+
+/// `files` but those of services that come from a registry source (SPEC §13): the source
+/// takes the place of a file of the same name, which is said.
+fn without_sourced(files: Vec<PathBuf>, sources: &BTreeMap<String, SourceRef>) -> Vec<PathBuf> {
+    files
+        .into_iter()
+        .filter(|path| {
+            let name = component::service_name(path).unwrap_or_default();
+            let Some(source) = sources.get(&name) else {
+                return true;
+            };
+            tracing::warn!(service = name, file = %path.display(), %source, "the service comes from its source: its file is ignored");
+            false
+        })
+        .collect()
 }
 
 /// One service to load: a file of the services directory, or a registry source.
