@@ -497,3 +497,90 @@ fn a_private_registry_over_https_is_trusted_with_registry_ca_file_and_refused_wi
     std::fs::write(dir.path().join("vvm.toml"), with_ca).unwrap();
     b.wait_for_from(mark, &["service added", &tag("private")]);
 }
+
+/// Two hosts on etcd, each with its own (empty) services directory and cache, serving one
+/// digest-pinned component: `status` shows both with the same version (the SHA-256 of the
+/// component's bytes, as for a file), no difference; after the leader stops, the standby
+/// serves the same digest.
+#[test]
+fn two_hosts_on_etcd_serve_one_pinned_digest_and_the_same_after_a_takeover() {
+    let Some(etcd) = testkit::etcd::EtcdServer::start() else {
+        return;
+    };
+    let Some(registry) = Registry::start() else {
+        return;
+    };
+    let dir = testkit::scratch::scratch_dir();
+    let addr = registry.addr();
+    let file = guests::guest("rust-http");
+    let pinned = push(&file, &format!("oci://{addr}/e2e/hello:v1"), &registry);
+    write_config(
+        dir.path(),
+        std::slice::from_ref(&addr),
+        &format!("[service.hello]\nsource = \"{pinned}\"\n"),
+    );
+    let store = format!("etcd://{}", etcd.endpoint());
+    let serve = |name: &'static str, http: std::net::SocketAddr| {
+        std::fs::create_dir(dir.path().join(name)).unwrap();
+        let (cache, http) = (format!("cache-{name}"), http.to_string());
+        let args = [
+            "serve",
+            "--store",
+            &store,
+            "--services",
+            name,
+            "--cache-dir",
+            &cache,
+            "--http-addr",
+            &http,
+            "--lease",
+            "2s",
+            "--grace-period",
+            "1s",
+        ];
+        Host::start(BIN, name, dir.path(), &args, "info")
+    };
+    let (http_a, http_b) = (free_addr(), free_addr());
+    let mut a = serve("a", http_a);
+    a.wait_for(&["service running", &tag("hello")]);
+    let b = serve("b", http_b);
+    b.wait_for(&["service pulled", &tag("hello"), &pinned]);
+    let version = &sha256(&std::fs::read(&file).unwrap())["sha256:".len()..][..12];
+    let end = std::time::Instant::now() + testkit::host::PATIENCE;
+    loop {
+        let out = Command::new(BIN)
+            .args(["status", "--json", "--store", &store])
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let hosts = status["hosts"].as_array().cloned().unwrap_or_default();
+        let versions: Vec<&serde_json::Value> =
+            hosts.iter().map(|h| &h["services"]["hello"]).collect();
+        if versions.len() == 2 && versions.iter().all(|v| v.as_str() == Some(version)) {
+            assert_eq!(
+                status["differences"].as_array().map(Vec::len),
+                Some(0),
+                "{status}"
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < end,
+            "never both {version}: {status}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let (status, _, body) = get(http_a, "/hello/");
+    assert_eq!(status, 200, "{body}");
+    a.signal(Signal::TERM);
+    assert!(a.wait_exit().success());
+    b.wait_for(&["leading"]);
+    b.wait_for(&["service running", &tag("hello")]);
+    let (status, _, body) = get(http_b, "/hello/");
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        b.lines().iter().all(|l| !l.text.contains("differ")),
+        "the takeover ran other bits"
+    );
+}
