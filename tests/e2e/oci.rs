@@ -488,7 +488,7 @@ fn a_private_registry_over_https_is_trusted_with_registry_ca_file_and_refused_wi
     let b = host("b", dir.path(), free_addr());
     let line = b.wait_for(&["service rejected", &tag("private")]);
     assert!(
-        line.text.contains("unreachable") && line.text.contains("certificate"),
+        line.text.contains("TLS certificate is not trusted"),
         "{}",
         line.text
     );

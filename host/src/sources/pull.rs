@@ -122,6 +122,14 @@ pub enum PullError {
         /// What it is instead.
         reason: String,
     },
+    /// The registry's TLS certificate is not one the host trusts.
+    #[error("registry {registry}: its TLS certificate is not trusted: {reason}")]
+    Untrusted {
+        /// `host:port`.
+        registry: String,
+        /// What the TLS client said.
+        reason: String,
+    },
     /// A manifest or layer over its cap.
     #[error("{what} is {size} bytes, over the cap of {cap}")]
     TooLarge {
@@ -168,6 +176,10 @@ impl PullError {
                  HTTP must be listed in insecure-registries, and one with a private CA needs \
                  registry-ca-file; a digest pulled once starts from the cache with the \
                  registry down",
+            ),
+            Self::Untrusted { .. } => Some(
+                "give the CA that signed the registry's certificate as registry-ca-file (a \
+                 PEM file), or list a registry without TLS in insecure-registries",
             ),
             Self::Unauthorized { .. } => Some(
                 "log in with `docker login REGISTRY` (Docker's config.json or a credential \
@@ -585,6 +597,11 @@ pub(crate) fn classify(registry: &str, e: OciDistributionError) -> PullError {
             Some(code) => PullError::Registry {
                 registry,
                 reason: format!("server error {code}"),
+            },
+            // No retry helps a certificate the host does not trust.
+            None if error_chain(&e).contains("certificate") => PullError::Untrusted {
+                registry,
+                reason: error_chain(&e),
             },
             None => PullError::Unreachable {
                 registry,
