@@ -394,6 +394,10 @@ fn show(d: Duration) -> String {
     }
 }
 
+/// The filter directive that keeps the registry client's debug lines (a token response among
+/// them) out of every log.
+const NO_REGISTRY_TOKENS: &str = "oci_client=info";
+
 /// Stderr for the log lines of this process.
 static STDERR: std::sync::OnceLock<Stderr> = std::sync::OnceLock::new();
 
@@ -402,8 +406,11 @@ static STDERR: std::sync::OnceLock<Stderr> = std::sync::OnceLock::new();
 /// `NO_COLOR` set (journald and log shippers get plain text).
 pub fn init_logging(cli: &Cli) {
     let filter = if cli.command.logs() {
-        tracing_subscriber::EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        // oci-client 0.17 logs a registry's token response whole at debug level: a secret,
+        // which no `RUST_LOG` may let into the log.
+        filter.add_directive(NO_REGISTRY_TOKENS.parse().unwrap_or_default())
     } else {
         tracing_subscriber::EnvFilter::new("off")
     };
