@@ -828,6 +828,38 @@ mod tests {
     }
 
     #[test]
+    fn an_unreachable_registry_is_tried_three_times_and_then_named() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        // A registry that hangs up on every connection.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        std::thread::spawn({
+            let accepted = Arc::clone(&accepted);
+            move || {
+                for stream in listener.incoming() {
+                    accepted.fetch_add(1, Ordering::SeqCst);
+                    drop(stream);
+                }
+            }
+        });
+        let tmp = tempfile::tempdir().unwrap();
+        let options = RegistryOptions {
+            insecure: vec![addr.to_string()],
+            ..RegistryOptions::default()
+        };
+        let puller = Puller::new(options, BlobCache::beside(tmp.path()));
+        let source: SourceRef = format!("oci://{addr}/hello:v1").parse().unwrap();
+        let err = puller.pull(&source).unwrap_err();
+        assert!(matches!(err, PullError::Unreachable { .. }), "{err}");
+        assert!(err.to_string().contains(&addr.to_string()), "{err}");
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            usize::try_from(ATTEMPTS).unwrap()
+        );
+    }
+
+    #[test]
     fn a_pinned_digest_in_the_cache_is_taken_without_a_request() {
         let tmp = tempfile::tempdir().unwrap();
         let cache = BlobCache::beside(tmp.path());
