@@ -254,6 +254,18 @@ fn a_tampered_blob_a_tag_that_is_no_component_and_a_401_are_refused_with_the_rea
             .all(|s| m.get(&format!("vvm_service_rejected{{service={s}}}")) == Some(&1.0))
             && m.get("vvm_service_rejected{service=good}") == Some(&0.0)
     });
+
+    // The sources taken out of vvm.toml: a loaded one is removed, the refused ones' series go.
+    let mark = a.mark();
+    let only_good = format!("[service.good]\nsource = \"{good}\"\n");
+    write_config(dir.path(), &[addr.clone(), locked.addr()], &only_good);
+    a.wait_for_from(mark, &["service source removed", &tag("tagged")]);
+    metrics_until(&base, |m| {
+        ["bad", "image", "locked", "tagged"]
+            .iter()
+            .all(|s| !m.contains_key(&format!("vvm_service_rejected{{service={s}}}")))
+            && m.get("vvm_service_rejected{service=good}") == Some(&0.0)
+    });
 }
 
 /// The SHA-256 of `bytes` as `sha256:<hex>`.

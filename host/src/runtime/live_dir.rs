@@ -377,17 +377,23 @@ impl Follower {
             self.load(name, &file, current);
         }
         for name in before.keys().filter(|n| !now.contains_key(*n)) {
-            let from_source = self
+            let loaded = self
                 .catalogue
                 .borrow()
                 .get(name)
-                .is_some_and(|s| s.source.is_some());
-            if from_source {
-                tracing::info!(service = name, "service source removed");
-                self.catalogue.send_modify(|c| {
-                    c.remove(name);
-                });
-                self.rt.ops.service_removed(name);
+                .map(|s| s.source.is_some());
+            match loaded {
+                Some(true) => {
+                    tracing::info!(service = name, "service source removed");
+                    self.catalogue.send_modify(|c| {
+                        c.remove(name);
+                    });
+                    self.rt.ops.service_removed(name);
+                }
+                // Its file's version runs: only the source's refusal is gone.
+                Some(false) => self.rt.ops.service_rejected(name, false),
+                // Never loaded (its pulls were refused): its series go.
+                None => self.rt.ops.service_removed(name),
             }
             self.rejected.remove(name);
             // Its file, if there is one, is the service now.
