@@ -10,7 +10,8 @@ use oci_client::errors::OciDistributionError;
 use oci_wasm::{WasmClient, WasmConfig};
 
 use super::auth::credentials;
-use super::pull::{PullError, RegistryOptions, classify, client, on_own_runtime};
+use super::error::{PullError, classify};
+use super::pull::{RegistryOptions, client, on_own_runtime};
 use super::reference::{SourceRef, valid_digest};
 
 /// Why a push failed.
