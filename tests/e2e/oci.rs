@@ -596,3 +596,26 @@ fn two_hosts_on_etcd_serve_one_pinned_digest_and_the_same_after_a_takeover() {
         "the takeover ran other bits"
     );
 }
+
+/// A registry that takes the connection and never answers holds a pull for its read timeout
+/// (30 s, three times); a host told to stop meanwhile gives the pull up and exits at once.
+#[test]
+fn a_host_stopped_during_a_pull_from_a_silent_registry_exits_at_once() {
+    // Connections queue in the backlog, and the requests on them go unread.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap().to_string();
+    let dir = testkit::host::cluster_dir();
+    let tables = format!("[service.hello]\nsource = \"oci://{addr}/e2e/hello:v1\"\n");
+    write_config(dir.path(), std::slice::from_ref(&addr), &tables);
+    let mut a = host("a", dir.path(), free_addr());
+    a.wait_for(&["loading service", "hello"]);
+    a.signal(Signal::TERM);
+    let exited = a.wait_exit_or(std::time::Duration::from_secs(20));
+    assert!(exited.is_some_and(|s| s.success()), "{exited:?}");
+    assert!(
+        a.lines()
+            .iter()
+            .all(|l| !l.text.contains("service rejected"))
+    );
+    drop(silent);
+}

@@ -103,10 +103,12 @@ impl WasmServices {
         let mut errors = Vec::new();
         let files = without_sourced(files, &config.sources);
         let progress = Progress::new(files.len() + config.sources.len());
+        let cancelled = stop.clone();
         let puller = Puller::new(
             config.registry.clone(),
             BlobCache::beside(&config.cache_dir),
-        );
+        )
+        .until(Arc::new(move || cancelled.is_cancelled()));
         let jobs = files.into_iter().map(Job::File).chain(
             config
                 .sources
