@@ -205,6 +205,8 @@ fn a_tampered_blob_a_tag_that_is_no_component_and_a_401_are_refused_with_the_rea
         sha256(b"secret")
     );
     write_config(dir.path(), &[addr.clone(), locked.addr()], &tables);
+    // A bad file beside them: refused the same way.
+    std::fs::write(dir.path().join("services/broken.wasm"), b"not a component").unwrap();
 
     // `check` says the tag is not pinned, and why each is refused.
     let out = Command::new(BIN)
@@ -249,7 +251,7 @@ fn a_tampered_blob_a_tag_that_is_no_component_and_a_401_are_refused_with_the_rea
     );
     let base = endpoint(&a);
     metrics_until(&base, |m| {
-        ["bad", "image", "locked"]
+        ["bad", "image", "locked", "broken"]
             .iter()
             .all(|s| m.get(&format!("vvm_service_rejected{{service={s}}}")) == Some(&1.0))
             && m.get("vvm_service_rejected{service=good}") == Some(&0.0)
@@ -260,8 +262,10 @@ fn a_tampered_blob_a_tag_that_is_no_component_and_a_401_are_refused_with_the_rea
     let only_good = format!("[service.good]\nsource = \"{good}\"\n");
     write_config(dir.path(), &[addr.clone(), locked.addr()], &only_good);
     a.wait_for_from(mark, &["service source removed", &tag("tagged")]);
+    // And the bad file taken away: its series goes too.
+    std::fs::remove_file(dir.path().join("services/broken.wasm")).unwrap();
     metrics_until(&base, |m| {
-        ["bad", "image", "locked", "tagged"]
+        ["bad", "image", "locked", "tagged", "broken"]
             .iter()
             .all(|s| !m.contains_key(&format!("vvm_service_rejected{{service={s}}}")))
             && m.get("vvm_service_rejected{service=good}") == Some(&0.0)

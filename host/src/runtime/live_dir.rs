@@ -419,7 +419,6 @@ impl Follower {
                 return;
             }
             _ => {
-                self.rejected.remove(name);
                 if let Some(old) = current {
                     // Logged first: the leader's services follow the catalogue at once.
                     tracing::info!(service = name, version = old.version, "service removed");
@@ -427,7 +426,11 @@ impl Follower {
                         c.remove(name);
                     });
                     self.rt.ops.service_removed(name);
+                } else if self.rejected.contains_key(name) {
+                    // A file that never loaded is gone: its `vvm_service_rejected` goes too.
+                    self.rt.ops.service_removed(name);
                 }
+                self.rejected.remove(name);
                 return;
             }
         };
