@@ -14,6 +14,7 @@ setup() {
   command -v protoc >/dev/null || need+=(protobuf-compiler)   # etcd-client's build script
   command -v etcd >/dev/null || need+=(etcd-server)           # the etcd backend's tests
   command -v etcdctl >/dev/null || need+=(etcd-client)
+  command -v docker-registry >/dev/null || need+=(docker-registry) # OCI registry (e2e oci)
   command -v python3 >/dev/null && python3 -m venv --help >/dev/null 2>&1 ||
     need+=(python3 python3-venv)                              # componentize-py (Python guests)
   command -v npm >/dev/null || need+=(nodejs npm)             # componentize-js (JS guests)
@@ -51,6 +52,11 @@ case "${1:-}" in
         "a fresh build and test run take about 4 GB" >&2
     fi
     setup
+    # oras-py, a third-party OCI client the e2e tests push components with (tests/e2e/oci.rs).
+    if [ ! -x target/.venv-oras/bin/python ]; then
+      python3 -m venv target/.venv-oras
+      target/.venv-oras/bin/pip install --quiet --disable-pip-version-check oras==0.2.43
+    fi
     cargo fmt --all --check
     cargo clippy --workspace --all-targets --locked -- -D warnings
     cargo test --workspace --locked "$@"

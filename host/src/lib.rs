@@ -23,6 +23,8 @@
 //! - [`holder`]: who a host is (a holder value per process run), whether it can take over,
 //!   and its crash lock, by which a standby learns from the kernel that a holder is gone.
 //! - [`store`]: the TTL store contract and its backends (memory, redb, etcd).
+//! - [`sources`]: components from an OCI registry: references, pull, push, and the
+//!   content-addressed cache of what was pulled.
 //! - [`lease`]: the local lease deadline, and the tempo of `L` (renew, attempt, retry, release).
 //! - [`lease_value`]: a lease record's value: the holder and the services under the lease.
 //! - [`schedule`]: a scheduled service's cron expression, its fire times, and which of them a
@@ -43,7 +45,7 @@
 //! 6. `services`, `elections`
 //! 7. `problem`, `config`
 //! 8. `ops`, `killer`, `holder`
-//! 9. `store`
+//! 9. `store`, `sources`
 //! 10. `lease`, `lease_value`, `schedule`, `keys`, `log_output`, `fs`
 //! 11. `clock`
 
@@ -66,5 +68,6 @@ pub mod runtime;
 pub mod schedule;
 pub mod server;
 pub mod services;
+pub mod sources;
 pub mod store;
 pub mod vvm;

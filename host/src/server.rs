@@ -335,6 +335,7 @@ fn apply_reload(current: &Settings, services: &WasmServices, reload: Reload) {
     };
     let grants = config.grants.len();
     services.set_grants(config.grants);
+    services.set_sources(config.sources, config.registry);
     let restart_needed = needs_restart(current, &new);
     if restart_needed.is_empty() {
         tracing::info!(grants, "configuration reloaded");

@@ -341,7 +341,7 @@ pub fn free_ports<const N: usize>() -> [u16; N] {
     listeners.map(|l| l.local_addr().expect("bound address").port())
 }
 
-fn find_on_path(name: &str) -> Option<PathBuf> {
+pub(crate) fn find_on_path(name: &str) -> Option<PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH")?)
         .map(|dir| dir.join(name))
         .find(|path| path.is_file())

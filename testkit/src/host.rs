@@ -41,6 +41,18 @@ impl Host {
         Self::start_in(bin, None, name, dir, args, rust_log)
     }
 
+    /// Like [`Host::start`], running `command` (the binary, with whatever environment of its
+    /// own the test set on it, e.g. `DOCKER_CONFIG`).
+    pub fn start_command(
+        command: Command,
+        name: &'static str,
+        dir: &Path,
+        args: &[&str],
+        rust_log: &str,
+    ) -> Host {
+        Self::launch(command, name, dir, args, rust_log)
+    }
+
     /// Like [`Host::start`], inside the network namespace `netns` if one is given (through
     /// `ip netns exec`, which execs: the pid is vvm-host's).
     pub fn start_in(

@@ -24,6 +24,7 @@ use crate::host::PATIENCE;
 #[cfg(test)]
 mod tests;
 mod tls;
+pub use tls::server_files;
 mod wire;
 
 use wire::{Head, Wire};

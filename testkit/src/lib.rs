@@ -2,6 +2,7 @@
 //! benchmarks: things outside the host that the tests start, drive and read.
 //!
 //! - [`etcd`]: a throw-away `etcd` process, or a 3-member cluster of them;
+//! - [`registry`]: a throw-away OCI registry (`docker-registry`), anonymous or htpasswd;
 //! - [`http`]: HTTP/1.1 servers, plain or TLS, that record the requests sent to them;
 //! - [`host`]: a running `vvm-host` process and its JSON log lines;
 //! - [`guests`]: the guest components of `guest-examples/`, built once per test binary;
@@ -29,6 +30,7 @@ pub mod guests;
 pub mod host;
 pub mod http;
 pub mod logs;
+pub mod registry;
 pub mod scratch;
 pub mod slowloris;
 pub mod spread;

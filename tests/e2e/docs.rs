@@ -551,11 +551,12 @@ fn the_settings_table_is_serves_flags_and_the_loaders_keys() {
         "the table's environment variables and serve --help's"
     );
     for (table, key) in keys {
-        // A value of the wrong type: refused, but not as an unknown key.
+        // A value of the wrong type (an array of arrays: no key takes one, a list of
+        // strings such as `insecure-registries` neither): refused, but not as an unknown key.
         let toml = if table.is_empty() {
-            format!("{key} = []\n")
+            format!("{key} = [[]]\n")
         } else {
-            format!("[{table}]\n{key} = []\n")
+            format!("[{table}]\n{key} = [[]]\n")
         };
         let out = settings_check(&toml, &BTreeMap::new());
         let stderr = text(&out.stderr);

@@ -21,6 +21,7 @@ mod languages;
 mod live_dir;
 mod netns;
 mod new;
+mod oci;
 mod ops;
 mod outgoing_http;
 mod schedule;

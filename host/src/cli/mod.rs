@@ -2,8 +2,10 @@
 //! types and the dispatch. Settings are resolved by [`crate::config`], the store opened by
 //! [`crate::store::open`].
 
+mod config_watch;
 mod kv;
 mod new;
+mod push;
 mod serve;
 mod status;
 
@@ -86,7 +88,30 @@ pub enum Command {
     /// build with its ./build.sh.
     #[command(after_help = new::EXAMPLES)]
     New(NewArgs),
+    /// Push a component to an OCI registry (the CNCF Wasm layout) and print the reference
+    /// pinned to its digest, for `[service.NAME] source`.
+    #[command(after_help = PUSH_EXAMPLES)]
+    Push {
+        /// The component file.
+        file: PathBuf,
+        /// Where to push it: `oci://REGISTRY/REPOSITORY:TAG`.
+        reference: String,
+        /// Also show log lines (on stderr).
+        #[arg(short, long)]
+        verbose: bool,
+        /// Settings (`insecure-registries`, `registry-ca-file`, `pull-timeout`).
+        #[command(flatten)]
+        settings: StoreArgs,
+    },
 }
+
+const PUSH_EXAMPLES: &str = "\
+Examples:
+  vvm-host push hello.wasm oci://ghcr.io/acme/hello:v1
+  # prints oci://ghcr.io/acme/hello:v1@sha256:...; pin it in vvm.toml:
+  #   [service.hello]
+  #   source = \"oci://ghcr.io/acme/hello@sha256:...\"
+  vvm-host push hello.wasm oci://127.0.0.1:5000/hello:v1 --insecure-registries 127.0.0.1:5000";
 
 const SERVE_EXAMPLES: &str = "\
 Examples:
@@ -137,7 +162,9 @@ impl Command {
     pub fn logs(&self) -> bool {
         match self {
             Self::Serve(_) => true,
-            Self::Status { verbose, .. } | Self::Check { verbose, .. } => *verbose,
+            Self::Status { verbose, .. }
+            | Self::Check { verbose, .. }
+            | Self::Push { verbose, .. } => *verbose,
             Self::Kv(_) | Self::New(_) => false,
         }
     }
@@ -179,6 +206,23 @@ pub struct StoreArgs {
     /// Client key (PEM) for mutual TLS to etcd.
     #[arg(long, env = "VVM_ETCD_KEY")]
     pub etcd_key: Option<PathBuf>,
+    /// Registries (host:port, comma-separated) reached over plain HTTP; every other one over
+    /// HTTPS [default: none].
+    #[arg(
+        long,
+        env = "VVM_INSECURE_REGISTRIES",
+        value_delimiter = ',',
+        value_name = "HOST:PORT"
+    )]
+    pub insecure_registries: Option<Vec<String>>,
+    /// A PEM file of CA certificates trusted beside the system's for registries.
+    #[arg(long, env = "VVM_REGISTRY_CA_FILE", value_name = "FILE")]
+    pub registry_ca_file: Option<PathBuf>,
+    /// The longest pull of one registry source, retries included [default:
+    /// [`crate::sources::DEFAULT_PULL_TIMEOUT`]].
+    #[arg(long, env = "VVM_PULL_TIMEOUT", value_parser = config::parse_duration, allow_hyphen_values = true,
+        help = format!("The longest pull of one registry source, retries included [default: {}]", show(crate::sources::DEFAULT_PULL_TIMEOUT)))]
+    pub pull_timeout: Option<Duration>,
 }
 
 /// `serve` settings beyond the store.
@@ -291,6 +335,9 @@ impl StoreArgs {
                 key: self.etcd_key.clone(),
                 prefix: None,
             }),
+            insecure_registries: self.insecure_registries.clone(),
+            registry_ca_file: self.registry_ca_file.clone(),
+            pull_timeout: self.pull_timeout,
             ..FileConfig::default()
         }
     }
@@ -347,6 +394,10 @@ fn show(d: Duration) -> String {
     }
 }
 
+/// The filter directive that keeps the registry client's debug lines (a token response among
+/// them) out of every log.
+const NO_REGISTRY_TOKENS: &str = "oci_client=info";
+
 /// Stderr for the log lines of this process.
 static STDERR: std::sync::OnceLock<Stderr> = std::sync::OnceLock::new();
 
@@ -355,8 +406,11 @@ static STDERR: std::sync::OnceLock<Stderr> = std::sync::OnceLock::new();
 /// `NO_COLOR` set (journald and log shippers get plain text).
 pub fn init_logging(cli: &Cli) {
     let filter = if cli.command.logs() {
-        tracing_subscriber::EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        // oci-client 0.17 logs a registry's token response whole at debug level: a secret,
+        // which no `RUST_LOG` may let into the log.
+        filter.add_directive(NO_REGISTRY_TOKENS.parse().unwrap_or_default())
     } else {
         tracing_subscriber::EnvFilter::new("off")
     };
@@ -391,6 +445,12 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Check { path, settings, .. } => status::check(path, &settings).await,
         Command::Kv(command) => kv::kv(command).await,
         Command::New(args) => new::new(&args),
+        Command::Push {
+            file,
+            reference,
+            settings,
+            ..
+        } => push::push(&file, &reference, &settings).await,
     };
     match result {
         Ok(code) => code,

@@ -1,5 +1,6 @@
 //! `vvm-host serve`: [`crate::server::run`] until SIGINT or SIGTERM; a second
-//! signal during the shutdown sequence exits at once. SIGHUP re-reads the configuration.
+//! signal during the shutdown sequence exits at once. SIGHUP re-reads the configuration, and
+//! so does a change of the configuration file (`config_watch`).
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -8,6 +9,7 @@ use anyhow::Context;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
+use super::config_watch::ConfigWatch;
 use super::{EXIT_INTERRUPTED, ServeArgs};
 use crate::clock::SystemClock;
 use crate::ops::Ops;
@@ -52,11 +54,25 @@ pub(super) async fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     let _endpoint = crate::ops::Endpoint::start_if(settings.metrics_addr, &ops)?;
     let stop = CancellationToken::new();
     let (reload, reloads) = tokio::sync::mpsc::unbounded_channel();
+    // The file the settings were read from, followed: written again, it is re-read as SIGHUP
+    // re-reads it.
+    let (changed, mut changes) = tokio::sync::mpsc::unbounded_channel();
+    let file = args.store.config.clone().or_else(|| {
+        let default = std::path::PathBuf::from(crate::config::DEFAULT_CONFIG_FILE);
+        default.is_file().then_some(default)
+    });
+    let _watch = file.and_then(|file| ConfigWatch::start(&file, changed));
     let serving = server::run(settings, ops, reloads, stop.clone().cancelled_owned());
     tokio::pin!(serving);
     loop {
         tokio::select! {
             served = &mut serving => return Ok(served.map(|()| ExitCode::SUCCESS)?),
+            Some(()) = changes.recv() => {
+                // A burst of writes (a tool saving in steps) is one re-read.
+                while changes.try_recv().is_ok() {}
+                tracing::info!("the configuration file changed: re-reading it");
+                let _ = reload.send(args.settings());
+            }
             signal = signals.next() => {
                 if signal == "SIGHUP" {
                     tracing::info!(signal, "re-reading the configuration");

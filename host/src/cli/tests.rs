@@ -186,3 +186,16 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn the_registry_clients_debug_lines_are_kept_out_of_every_log() {
+    use tracing_subscriber::filter::{Directive, EnvFilter};
+    let directive: Directive = NO_REGISTRY_TOKENS.parse().unwrap();
+    // Over `RUST_LOG=debug`, the registry client's target is at info at most.
+    let filter = EnvFilter::new("debug").add_directive(directive);
+    assert_eq!(
+        filter.max_level_hint(),
+        Some(tracing::level_filters::LevelFilter::DEBUG)
+    );
+    assert!(filter.to_string().contains("oci_client=info"), "{filter}");
+}

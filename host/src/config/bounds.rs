@@ -212,6 +212,19 @@ pub(super) fn check_services(grants: &BTreeMap<String, GrantConfig>) -> Result<(
             })?;
         }
         grant.schedule_settings(name)?;
+        // A file's stem names a file service; a source's table names its service, so the
+        // name must be one a file could have had (it goes into logs, metrics and store keys).
+        if grant.source.is_some()
+            && (name.is_empty() || name.contains('/') || name.chars().any(char::is_control))
+        {
+            return Err(ConfigError::Invalid {
+                name: "service.*.source",
+                reason: format!(
+                    "service {name:?}: a service from a source needs a name a file could have \
+                     (not empty, no / and no control character)"
+                ),
+            });
+        }
         if let Some(key) = grant.config.keys().find(|k| k.is_empty()) {
             return Err(ConfigError::Invalid {
                 name: "service.*.config",

@@ -98,6 +98,14 @@ pub struct FileConfig {
     pub require_same_services: Option<bool>,
     /// etcd client options.
     pub etcd: Option<EtcdFileConfig>,
+    /// Registries (`host:port`) that registry sources reach over plain HTTP; every other one
+    /// over HTTPS.
+    pub insecure_registries: Option<Vec<String>>,
+    /// A PEM file of CA certificates trusted beside the system's for registries.
+    pub registry_ca_file: Option<PathBuf>,
+    /// The longest pull of one registry source, e.g. `"5m"`.
+    #[serde(default, with = "opt_duration")]
+    pub pull_timeout: Option<Duration>,
     /// `[kv]`: every service's key-value limits, unless its own table sets one.
     pub kv: Option<KvLimitsConfig>,
     /// `[outgoing-http]`: every service's outgoing HTTP limits, unless its own table sets one.
@@ -254,6 +262,9 @@ pub struct Settings {
     pub cache_dir: PathBuf,
     /// Per-service grants, as the file wrote them (`RuntimeConfig` parses them).
     pub grants: BTreeMap<String, GrantConfig>,
+    /// How registry sources are pulled (`insecure-registries`, `registry-ca-file`,
+    /// `pull-timeout`).
+    pub registry: crate::sources::RegistryOptions,
     /// Address of the operations endpoint, if it is on.
     pub metrics_addr: Option<SocketAddr>,
     /// Address HTTP services are served on while leading, if it is on.
@@ -375,6 +386,18 @@ impl Settings {
                 .unwrap_or_default()
                 .over(file.incoming_http.unwrap_or_default()),
             grants: file.service,
+            registry: crate::sources::RegistryOptions {
+                insecure: flags
+                    .insecure_registries
+                    .or(file.insecure_registries)
+                    .unwrap_or_default(),
+                ca_file: flags.registry_ca_file.or(file.registry_ca_file),
+                timeout: flags
+                    .pull_timeout
+                    .or(file.pull_timeout)
+                    .unwrap_or(crate::sources::DEFAULT_PULL_TIMEOUT),
+                ..crate::sources::RegistryOptions::default()
+            },
         };
         validate(&Bounded {
             cluster_size: settings.cluster_size,

@@ -17,6 +17,11 @@ use crate::schedule::{CatchUp, Concurrency};
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct GrantConfig {
+    /// `source`: where the component comes from when not from `NAME.wasm` in the services
+    /// directory: `"oci://REGISTRY/REPOSITORY@sha256:DIGEST"` (or `:TAG`, or both), pulled
+    /// from an OCI registry (SPEC §13). A file of the same name is then ignored.
+    #[serde(default, with = "opt_from_str")]
+    pub source: Option<crate::sources::SourceRef>,
     /// Host directories to preopen, as `host-path` or `host-path:guest-path`.
     #[serde(default)]
     pub dirs: Vec<String>,

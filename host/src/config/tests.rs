@@ -364,3 +364,47 @@ fn incoming_http_settings_are_read_and_bad_values_named() {
     }
     assert!(parse_http_addr("localhost:80").is_err());
 }
+
+#[test]
+fn a_registry_source_and_the_registry_settings_are_read_and_a_bad_one_names_the_service() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("vvm.toml");
+    let digest = format!("sha256:{}", "ab".repeat(32));
+    std::fs::write(
+        &file,
+        format!(
+            "insecure-registries = [\"127.0.0.1:5000\"]\nregistry-ca-file = \"/etc/ca.pem\"\n\
+             pull-timeout = \"30s\"\n[service.hello]\nsource = \"oci://127.0.0.1:5000/hello@{digest}\"\n"
+        ),
+    )
+    .unwrap();
+    let settings = Settings::resolve(FileConfig::default(), Some(&file)).unwrap();
+    let source = settings.grants["hello"].source.as_ref().unwrap();
+    assert_eq!(source.digest.as_deref(), Some(digest.as_str()));
+    assert_eq!(settings.registry.insecure, ["127.0.0.1:5000"]);
+    assert_eq!(
+        settings.registry.ca_file,
+        Some(PathBuf::from("/etc/ca.pem"))
+    );
+    assert_eq!(settings.registry.timeout, Duration::from_secs(30));
+    // Flags win over the file.
+    let flags = FileConfig {
+        insecure_registries: Some(vec!["reg:5000".into()]),
+        ..FileConfig::default()
+    };
+    let settings = Settings::resolve(flags, Some(&file)).unwrap();
+    assert_eq!(settings.registry.insecure, ["reg:5000"]);
+
+    let err = parse("[service.hello]\nsource = \"ghcr.io/acme/hello:v1\"\n").unwrap_err();
+    assert!(err.to_string().contains("oci://"), "{err}");
+    std::fs::write(
+        &file,
+        format!("[service.\"a/b\"]\nsource = \"oci://ghcr.io/a/b@{digest}\"\n"),
+    )
+    .unwrap();
+    let err = Settings::resolve(FileConfig::default(), Some(&file)).unwrap_err();
+    assert!(
+        err.to_string().contains("a name a file could have"),
+        "{err}"
+    );
+}

@@ -40,6 +40,7 @@ pub(super) struct Metrics {
     effects_refused: Family<ServiceLabels, Counter>,
     service_state: Family<StateLabels, Gauge>,
     service_differs: Family<ServiceLabels, Gauge>,
+    service_rejected: Family<ServiceLabels, Gauge>,
     /// Guests' key-value writes and refusals, per service.
     pub kv: KvMetrics,
     /// The group commit of guests' key-value writes.
@@ -70,6 +71,7 @@ impl Metrics {
             effects_refused: Family::default(),
             service_state: Family::default(),
             service_differs: Family::default(),
+            service_rejected: Family::default(),
             kv,
             commits,
             http,
@@ -114,6 +116,19 @@ impl Metrics {
              (or only one of them has it), else 0",
             self.service_differs.clone(),
         );
+        r.register(
+            "vvm_service_rejected",
+            "1 while the latest version of a service (its file, or its registry source) was \
+             rejected: unreadable, not a component, or not pulled; an older one may run on",
+            self.service_rejected.clone(),
+        );
+    }
+
+    /// Whether the latest version of `service` was `rejected`.
+    pub fn service_rejected(&self, service: &str, rejected: bool) {
+        self.service_rejected
+            .get_or_create(&counter_labels(service))
+            .set(i64::from(rejected));
     }
 
     /// Service `service` was loaded: every per-service series exists from now on, at 0 (so
@@ -143,6 +158,7 @@ impl Metrics {
         self.http.service_removed(service);
         self.incoming.service_removed(service);
         self.service_differs.remove(&counter_labels(service));
+        self.service_rejected.remove(&counter_labels(service));
         for state in SERVICE_STATES {
             self.service_state.remove(&StateLabels {
                 service: service.to_owned(),

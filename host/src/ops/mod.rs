@@ -160,6 +160,13 @@ impl Ops {
         }
     }
 
+    /// Whether the latest version of `service` (its file or its registry source) was
+    /// `rejected` (`vvm_service_rejected`, SPEC §13): 1 from a rejection until a version
+    /// loads or the service is gone.
+    pub fn service_rejected(&self, service: &str, rejected: bool) {
+        self.inner.metrics.service_rejected(service, rejected);
+    }
+
     /// Service `service` was removed from the services directory: its series go.
     pub fn service_removed(&self, service: &str) {
         self.inner.metrics.service_removed(service);

@@ -3,7 +3,7 @@
 //! target, the import to drop or build against this host's WIT, the grant a service lacks for
 //! what it imports.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -16,6 +16,7 @@ use super::{RuntimeConfig, RuntimeError};
 use crate::interfaces::InstanceReuse;
 use crate::interfaces::{spin, stubs};
 use crate::ops::Ops;
+use crate::sources::SourceRef;
 use wasmtime_wasi_http::handler::ProxyPre;
 
 /// What `vvm-host check DIR` reports: the services that load, the files that do not, and
@@ -59,6 +60,7 @@ pub fn check(config: RuntimeConfig, file: Option<PathBuf>) -> Result<CheckReport
     let grants = config.grants.clone();
     let host_reuse = config.incoming_http.instance_reuse;
     let sharing = sharing_note(&config);
+    let sources = config.sources.clone();
     // Nothing runs, so nothing is counted: the loads' series go to a set nobody reads.
     let unread = Ops::new(Arc::new(crate::clock::SystemClock::local()));
     let (services, errors) = match file {
@@ -66,6 +68,11 @@ pub fn check(config: RuntimeConfig, file: Option<PathBuf>) -> Result<CheckReport
             return Err(RuntimeError::NotAService { path });
         }
         Some(path) => {
+            // One file: the registry sources are not what was asked about.
+            let config = RuntimeConfig {
+                sources: BTreeMap::new(),
+                ..config
+            };
             WasmServices::load_files(config, unread, &CancellationToken::new(), vec![path])?
         }
         None => WasmServices::load(config, unread)?,
@@ -80,6 +87,11 @@ pub fn check(config: RuntimeConfig, file: Option<PathBuf>) -> Result<CheckReport
             let scheduled = grants.get(&svc.name).is_some_and(|g| g.schedule.is_some());
             notes.extend(schedule_note(&svc.name, svc.kind(), scheduled));
             notes.extend(wasi3_note(&svc.name, &svc.imports));
+            notes.extend(unpinned_note(
+                &svc.name,
+                sources.get(&svc.name),
+                svc.source.as_ref(),
+            ));
             if matches!(svc.handler, Some(ProxyPre::P2(_))) {
                 let own = grants.get(&svc.name).map(|g| g.instance_reuse);
                 let reuse = InstanceReuse::p2(own.unwrap_or_default().over(host_reuse));
@@ -319,6 +331,28 @@ const PROVIDED: &str = "vvm:host/lease, log and kv @0.1.0; WASI 0.2.x (cli, io, 
                         fermyon:spin/key-value and variables @2.0.0; spin:key-value and \
                         spin:variables @3.0.0";
 
+/// A registry source named by a tag alone (SPEC §13): what runs changes whenever the tag is
+/// pushed again, and hosts loading at other times may run other bits.
+fn unpinned_note(
+    name: &str,
+    written: Option<&SourceRef>,
+    pulled: Option<&SourceRef>,
+) -> Option<Note> {
+    let (written, pulled) = (written?, pulled?);
+    if written.is_pinned() {
+        return None;
+    }
+    Some(Note {
+        service: name.to_owned(),
+        note: format!(
+            "source {written} names a tag, not a digest: it resolved to {} now, and runs \
+             whatever the tag names when a host loads it",
+            pulled.digest.as_deref().unwrap_or("?")
+        ),
+        help: format!("pin the digest: source = \"{pulled}\""),
+    })
+}
+
 /// What to change so that a file rejected for `kind` loads, if there is more to say than
 /// the error does.
 pub fn help(kind: &LoadErrorKind) -> Option<String> {
@@ -336,6 +370,7 @@ pub fn help(kind: &LoadErrorKind) -> Option<String> {
              (wit/host.wit and wit/deps), as a project from `vvm-host new` does"
         )),
         LoadErrorKind::Imports(e) => Some(import_help(&format!("{e:#}"))),
+        LoadErrorKind::Pull(e) => e.help().map(str::to_owned),
         LoadErrorKind::Name
         | LoadErrorKind::Read(_)
         | LoadErrorKind::Invalid(_)

@@ -20,6 +20,7 @@ use super::state::Host;
 use crate::interfaces::bindings::service::ServicePre;
 use crate::interfaces::bindings::spin_cron::SpinCronPre;
 use crate::log_output::escaped;
+use crate::sources::{Puller, SourceRef};
 
 /// Which world a component targets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,6 +105,9 @@ pub enum LoadErrorKind {
     /// The component imports something the host does not provide.
     #[error("unsupported imports: {0:#}")]
     Imports(#[source] wasmtime::Error),
+    /// The service's registry source could not be pulled (SPEC §13).
+    #[error("cannot pull: {0}")]
+    Pull(#[source] crate::sources::PullError),
 }
 
 /// How the components of one load were obtained.
@@ -189,6 +193,9 @@ pub(crate) struct Loaded {
     pub exports: Vec<String>,
     /// What it imports, by name (`wasi:http/outgoing-handler@0.2.12`, ...).
     pub imports: Vec<String>,
+    /// The registry source it was pulled from, pinned to the digest pulled; `None` for a
+    /// file.
+    pub source: Option<SourceRef>,
 }
 
 impl Loaded {
@@ -270,6 +277,8 @@ pub(crate) struct ServiceFile {
     pub bytes: Vec<u8>,
     /// The SHA-256 of `bytes`.
     pub digest: [u8; 32],
+    /// The registry source the bytes were pulled from, pinned; `None` for a file.
+    pub source: Option<SourceRef>,
 }
 
 impl ServiceFile {
@@ -295,6 +304,28 @@ impl ServiceFile {
             path: path.to_owned(),
             digest: Sha256::digest(&bytes).into(),
             bytes,
+            source: None,
+        })
+    }
+
+    /// Service `name`'s component from registry `source` (SPEC §13), through `puller`'s
+    /// cache. Its path, in errors and logs, is the reference. Blocks for up to the pull
+    /// timeout.
+    ///
+    /// # Errors
+    /// When it cannot be pulled: the reason names the reference.
+    pub(crate) fn pull(name: &str, source: &SourceRef, puller: &Puller) -> Result<Self, LoadError> {
+        let pulled = puller.pull(source).map_err(|e| LoadError {
+            path: PathBuf::from(source.to_string()),
+            kind: LoadErrorKind::Pull(e),
+        })?;
+        tracing::info!(service = name, source = %pulled.reference, from_cache = pulled.from_cache, "service pulled");
+        Ok(Self {
+            name: name.to_owned(),
+            path: PathBuf::from(pulled.reference.to_string()),
+            digest: Sha256::digest(&pulled.bytes).into(),
+            bytes: pulled.bytes,
+            source: Some(pulled.reference),
         })
     }
 
@@ -366,6 +397,7 @@ impl Compiler<'_> {
             handler,
             exports,
             imports,
+            source: file.source.clone(),
         })
     }
 

@@ -39,9 +39,20 @@ use super::component::{
 use super::debounce::{Change, Debouncer, FileStamp, since};
 use super::engine::Runtime;
 use crate::clock::{Clock, SystemClock};
+use crate::sources::{BlobCache, Puller, RegistryOptions, SourceRef};
 
 /// The loaded services by name: what a leader runs now.
 pub(crate) type Catalogue = BTreeMap<String, Arc<Loaded>>;
+
+/// The registry sources of the settings, by service name, and how registries are reached
+/// (SPEC §13): what a reload may change.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Sources {
+    /// The sources, by service name.
+    pub by_name: BTreeMap<String, SourceRef>,
+    /// `insecure-registries`, `registry-ca-file`, `pull-timeout`.
+    pub registry: RegistryOptions,
+}
 
 /// How often the follower checks that the services path still names the directory it watches.
 const RECHECK: Duration = Duration::from_secs(1);
@@ -74,6 +85,7 @@ impl LiveDir {
         rt: Arc<Runtime>,
         catalogue: Arc<watch::Sender<Catalogue>>,
         rejected: BTreeMap<String, String>,
+        mut sources: watch::Receiver<Sources>,
     ) -> Result<Self, RuntimeError> {
         let dir = rt.config.services_dir.clone();
         let watch_err = |source: notify::Error| RuntimeError::Watch {
@@ -91,6 +103,8 @@ impl LiveDir {
             .watch(&dir, RecursiveMode::NonRecursive)
             .map_err(watch_err)?;
         let stop = Arc::new(AtomicBool::new(false));
+        // The first load pulled these already.
+        let applied = sources.borrow_and_update().clone();
         let mut follower = Follower {
             watched: identity(&dir),
             unwatchable: None,
@@ -104,6 +118,8 @@ impl LiveDir {
             rejected,
             stop: Arc::clone(&stop),
             clock: SystemClock::local(),
+            applied,
+            sources,
         };
         let thread = std::thread::Builder::new()
             .name("vvm-live-dir".into())
@@ -118,6 +134,15 @@ impl LiveDir {
             wake: tx,
             thread: Some(thread),
         })
+    }
+}
+
+impl LiveDir {
+    /// Wakes the follower to look at the registry sources now (a reload changed them).
+    pub(crate) fn wake(&self) {
+        let _ = self
+            .wake
+            .send(Some(Ok(notify::Event::new(notify::EventKind::Other))));
     }
 }
 
@@ -179,6 +204,10 @@ struct Follower {
     rejected: BTreeMap<String, String>,
     stop: Arc<AtomicBool>,
     clock: SystemClock,
+    /// The registry sources as the settings have them now (SPEC §13).
+    sources: watch::Receiver<Sources>,
+    /// The registry sources last looked at.
+    applied: Sources,
 }
 
 impl Follower {
@@ -205,6 +234,9 @@ impl Follower {
             }
             if self.stop.load(Ordering::Acquire) {
                 return;
+            }
+            if self.sources.has_changed().unwrap_or(false) {
+                self.follow_sources(&mut debouncer);
             }
             let dir = self.dir.clone();
             let due = debouncer.due(self.clock.now(), |name| {
@@ -296,8 +328,80 @@ impl Follower {
         debouncer.note_all(names.iter().map(String::as_str), self.clock.now());
     }
 
+    /// Brings the registry services in line with the settings' sources (SPEC §13), after
+    /// a reload: each added or changed source is pulled and loaded, and each source named by
+    /// a tag alone is resolved again (a new push under the tag is taken); a service whose
+    /// source is gone is removed, and its file, if any, looked at.
+    fn follow_sources(&mut self, debouncer: &mut Debouncer) {
+        let Sources {
+            by_name: now,
+            registry,
+        } = self.sources.borrow_and_update().clone();
+        let before = std::mem::replace(&mut self.applied.by_name, now.clone());
+        self.applied.registry = registry.clone();
+        let stop = Arc::clone(&self.stop);
+        let puller = Puller::new(registry, BlobCache::beside(&self.rt.config.cache_dir))
+            .until(Arc::new(move || stop.load(Ordering::Acquire)));
+        for (name, source) in &now {
+            if self.stop.load(Ordering::Acquire) {
+                return;
+            }
+            let current = self.catalogue.borrow().get(name).cloned();
+            if source.is_pinned()
+                && current.as_ref().and_then(|c| c.source.as_ref()) == Some(source)
+            {
+                continue;
+            }
+            let file = match ServiceFile::pull(name, source, &puller) {
+                Ok(file) => file,
+                // Given up for the stop: nothing to report.
+                Err(_) if self.stop.load(Ordering::Acquire) => return,
+                Err(e) => {
+                    self.reject(name, source.to_string(), &e, current.as_deref());
+                    continue;
+                }
+            };
+            let unchanged = current
+                .as_ref()
+                .is_some_and(|old| old.version == file.version() && old.source == file.source);
+            if unchanged {
+                tracing::debug!(service = name, source = %source, "service source unchanged");
+                self.rt.ops.service_rejected(name, false);
+                continue;
+            }
+            self.load(name, &file, current);
+        }
+        for name in before.keys().filter(|n| !now.contains_key(*n)) {
+            let loaded = self
+                .catalogue
+                .borrow()
+                .get(name)
+                .map(|s| s.source.is_some());
+            match loaded {
+                Some(true) => {
+                    tracing::info!(service = name, "service source removed");
+                    self.catalogue.send_modify(|c| {
+                        c.remove(name);
+                    });
+                    self.rt.ops.service_removed(name);
+                }
+                // Its file's version runs: only the source's refusal is gone.
+                Some(false) => self.rt.ops.service_rejected(name, false),
+                // Never loaded (its pulls were refused): its series go.
+                None => self.rt.ops.service_removed(name),
+            }
+            self.rejected.remove(name);
+            // Its file, if there is one, is the service now.
+            debouncer.note_all(std::iter::once(name.as_str()), self.clock.now());
+        }
+    }
+
     /// Brings service `name` in the catalogue in line with its file.
     fn refresh(&mut self, name: &str) {
+        if let Some(source) = self.sources.borrow().by_name.get(name) {
+            tracing::debug!(service = name, %source, "the service comes from its source: its file is ignored");
+            return;
+        }
         let path = self.dir.join(format!("{name}.wasm"));
         let current = self.catalogue.borrow().get(name).cloned();
         let read = path.is_file().then(|| ServiceFile::read(&path));
@@ -310,7 +414,6 @@ impl Follower {
                 return;
             }
             _ => {
-                self.rejected.remove(name);
                 if let Some(old) = current {
                     // Logged first: the leader's services follow the catalogue at once.
                     tracing::info!(service = name, version = old.version, "service removed");
@@ -318,7 +421,11 @@ impl Follower {
                         c.remove(name);
                     });
                     self.rt.ops.service_removed(name);
+                } else if self.rejected.contains_key(name) {
+                    // A file that never loaded is gone: its `vvm_service_rejected` goes too.
+                    self.rt.ops.service_removed(name);
                 }
+                self.rejected.remove(name);
                 return;
             }
         };
@@ -377,6 +484,7 @@ impl Follower {
                     }
                 }
                 self.rt.ops.service_loaded(name, loaded.serves_http());
+                self.rt.ops.service_rejected(name, false);
                 self.catalogue.send_modify(|c| {
                     c.insert(name.to_owned(), Arc::new(loaded));
                 });
@@ -389,6 +497,7 @@ impl Follower {
     /// (`current`), runs on. The same version is not looked at again.
     fn reject(&mut self, name: &str, version: String, error: &LoadError, current: Option<&Loaded>) {
         self.rejected.insert(name.to_owned(), version);
+        self.rt.ops.service_rejected(name, true);
         // The error names the file and the reason.
         tracing::error!(
             service = name,

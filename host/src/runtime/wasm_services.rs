@@ -14,7 +14,7 @@ use super::component::{self, Compiler, LoadError, LoadStats, Loaded, ServiceFile
 use super::engine::Runtime;
 use super::http::{HttpServer, RequestSandboxes};
 use super::imports;
-use super::live_dir::{Catalogue, LiveDir};
+use super::live_dir::{Catalogue, LiveDir, Sources};
 use super::progress::Progress;
 use super::reconcile;
 use super::{Grants, RuntimeConfig, RuntimeError};
@@ -25,6 +25,7 @@ use crate::ops::Ops;
 use crate::services::{
     FrontDoor, RunningServices, SeparateServices, ServiceContext, ServiceError, Services,
 };
+use crate::sources::{BlobCache, Puller, RegistryOptions, SourceRef};
 
 /// The services of one directory, compiled and pre-instantiated, ready to start under a
 /// lease. Cheap to start many times (once per leadership). With [`WasmServices::follow_dir`]
@@ -40,6 +41,8 @@ pub struct WasmServices {
     live: Mutex<Option<LiveDir>>,
     /// The version of each file the load rejected, by service name.
     rejected: BTreeMap<String, String>,
+    /// The registry sources of the settings (SPEC §13); the live directory follows them.
+    sources: watch::Sender<Sources>,
 }
 
 impl WasmServices {
@@ -94,14 +97,31 @@ impl WasmServices {
         let mut services = Catalogue::new();
         let mut rejected = BTreeMap::new();
         let mut errors = Vec::new();
-        let progress = Progress::new(files.len());
-        for path in files {
+        let files = without_sourced(files, &config.sources);
+        let progress = Progress::new(files.len() + config.sources.len());
+        let cancelled = stop.clone();
+        let puller = Puller::new(
+            config.registry.clone(),
+            BlobCache::beside(&config.cache_dir),
+        )
+        .until(Arc::new(move || cancelled.is_cancelled()));
+        let jobs = files.into_iter().map(Job::File).chain(
+            config
+                .sources
+                .iter()
+                .map(|(n, r)| Job::Source(n.clone(), r.clone())),
+        );
+        for job in jobs {
             if stop.is_cancelled() {
                 return Err(RuntimeError::Stopped);
             }
-            let step = progress.start(&path.file_stem().unwrap_or_default().to_string_lossy());
+            let name = job.name();
+            let step = progress.start(&name);
             let compiled_before = compiler.stats.compiled;
-            let file = ServiceFile::read(&path);
+            let file = match &job {
+                Job::File(path) => ServiceFile::read(path),
+                Job::Source(name, source) => ServiceFile::pull(name, source, &puller),
+            };
             match file.and_then(|file| {
                 compiler.load(&file).inspect_err(|_| {
                     rejected.insert(file.name.clone(), file.version());
@@ -110,14 +130,18 @@ impl WasmServices {
                 Ok(loaded) => {
                     let compiled = compiler.stats.compiled > compiled_before;
                     let duration_ms = step.elapsed_ms();
-                    progress.suspend(|| tracing::info!(service = %loaded.name, world = %loaded.kind(), compiled, duration_ms, "service loaded"));
+                    progress.suspend(|| tracing::info!(service = %loaded.name, world = %loaded.kind(), source = loaded.source.as_ref().map(tracing::field::display), compiled, duration_ms, "service loaded"));
                     ops.service_loaded(&loaded.name, loaded.serves_http());
+                    ops.service_rejected(&loaded.name, false);
                     services.insert(loaded.name.clone(), Arc::new(loaded));
                 }
+                // A pull given up for the stop: no rejection to report.
+                Err(_) if stop.is_cancelled() => return Err(RuntimeError::Stopped),
                 Err(e) => {
                     let duration_ms = step.elapsed_ms();
                     progress
-                        .suspend(|| tracing::error!(error = %e, duration_ms, "service rejected"));
+                        .suspend(|| tracing::error!(service = name, error = %e, duration_ms, "service rejected"));
+                    ops.service_rejected(&name, true);
                     errors.push(e);
                 }
             }
@@ -133,6 +157,11 @@ impl WasmServices {
             cache_hits = stats.cache_hits,
             "services loaded"
         );
+        let sources = watch::channel(Sources {
+            by_name: config.sources.clone(),
+            registry: config.registry.clone(),
+        })
+        .0;
         let rt = Arc::new(Runtime::start(config, engines, ops)?);
         let catalogue = watch::channel(services).0;
         Ok((
@@ -146,6 +175,7 @@ impl WasmServices {
                 stats,
                 live: Mutex::new(None),
                 rejected,
+                sources,
             },
             errors,
         ))
@@ -185,6 +215,7 @@ impl WasmServices {
                 Arc::clone(&self.rt),
                 Arc::clone(&self.catalogue),
                 self.rejected.clone(),
+                self.sources.subscribe(),
             )?);
         }
         Ok(())
@@ -194,6 +225,25 @@ impl WasmServices {
     /// the new ones from its next start.
     pub fn set_grants(&self, grants: HashMap<String, Grants>) {
         self.rt.set_grants(grants);
+    }
+
+    /// Replaces the registry sources and how registries are reached (a re-read
+    /// configuration, SPEC §13): the live directory pulls what was added or changed, resolves
+    /// tags again and removes what is gone, off the async runtime. Nothing before
+    /// [`WasmServices::follow_dir`].
+    pub fn set_sources(&self, sources: BTreeMap<String, SourceRef>, registry: RegistryOptions) {
+        self.sources.send_replace(Sources {
+            by_name: sources,
+            registry,
+        });
+        if let Some(live) = self
+            .live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+        {
+            live.wake();
+        }
     }
 
     /// The loaded services: name and world, sorted by name.
@@ -213,6 +263,41 @@ impl WasmServices {
     /// How many components were compiled and how many came from the cache.
     pub fn stats(&self) -> LoadStats {
         self.stats
+    }
+}
+
+/// `files` but those of services that come from a registry source (SPEC §13): the source
+/// takes the place of a file of the same name, which is said.
+fn without_sourced(files: Vec<PathBuf>, sources: &BTreeMap<String, SourceRef>) -> Vec<PathBuf> {
+    files
+        .into_iter()
+        .filter(|path| {
+            let name = component::service_name(path).unwrap_or_default();
+            let Some(source) = sources.get(&name) else {
+                return true;
+            };
+            tracing::warn!(service = name, file = %path.display(), %source, "the service comes from its source: its file is ignored");
+            false
+        })
+        .collect()
+}
+
+/// One service to load: a file of the services directory, or a registry source.
+enum Job {
+    File(PathBuf),
+    Source(String, SourceRef),
+}
+
+impl Job {
+    fn name(&self) -> String {
+        match self {
+            Self::File(path) => path
+                .file_stem()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned(),
+            Self::Source(name, _) => name.clone(),
+        }
     }
 }
 

@@ -11,6 +11,32 @@ use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
 /// A rustls server configuration with a fresh certificate, and the path of `dir/ca.pem`: the
 /// certificate (PEM) of the CA that signed it, the one a client must trust.
 pub(super) fn server_config(dir: &Path) -> (Arc<ServerConfig>, PathBuf) {
+    let (ca_pem, cert, key) = issue(dir);
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key));
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("rustls protocol versions")
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.der().clone()], key)
+        .expect("rustls server certificate");
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    (Arc::new(config), ca_pem)
+}
+
+/// PEM files of a fresh CA (`dir/ca.pem`) and of a certificate it signed for `localhost` and
+/// 127.0.0.1 (`dir/server.pem`, key `dir/server-key.pem`), for a server other than this
+/// crate's (a registry): `(ca, certificate, key)`.
+pub fn server_files(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let (ca, cert, key) = issue(dir);
+    let (cert_pem, key_pem) = (dir.join("server.pem"), dir.join("server-key.pem"));
+    std::fs::write(&cert_pem, cert.pem()).expect("write the server certificate");
+    std::fs::write(&key_pem, key.serialize_pem()).expect("write the server key");
+    (ca, cert_pem, key_pem)
+}
+
+/// A fresh CA, written to `dir/ca.pem`, and a certificate it signed with its key.
+fn issue(dir: &Path) -> (PathBuf, rcgen::Certificate, KeyPair) {
     let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     ca.distinguished_name
@@ -24,14 +50,5 @@ pub(super) fn server_config(dir: &Path) -> (Arc<ServerConfig>, PathBuf) {
         .expect("server certificate signed by the CA");
     let ca_pem = dir.join("ca.pem");
     std::fs::write(&ca_pem, ca.pem()).unwrap_or_else(|e| panic!("write {}: {e}", ca_pem.display()));
-    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key));
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .expect("rustls protocol versions")
-        .with_no_client_auth()
-        .with_single_cert(vec![cert.der().clone()], key)
-        .expect("rustls server certificate");
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    (Arc::new(config), ca_pem)
+    (ca_pem, cert, key)
 }

@@ -2,7 +2,7 @@
 //! grants, restarts. The defaults are [`crate::config`]'s; [`RuntimeConfig::from_settings`]
 //! takes the resolved settings.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,6 +11,7 @@ use crate::config::{
     self, ConfigError, GrantConfig, InstanceReuseConfig, KvLimitsConfig, OnFailure, Route, Settings,
 };
 use crate::interfaces::{HttpPolicy, IncomingLimits, KvLimits, OutgoingLimits, ServiceConfig};
+use crate::sources::{RegistryOptions, SourceRef};
 
 /// Configuration of the Wasm runtime. `RuntimeConfig::new(dir)` gives the defaults.
 #[derive(Clone, Debug)]
@@ -56,6 +57,11 @@ pub struct RuntimeConfig {
     /// Where the hosts of this machine hand each other `http-addr`'s listening socket: the
     /// crash locks' directory (`lock-dir`). `None`: the socket is not shared.
     pub http_share_dir: Option<PathBuf>,
+    /// The services pulled from a registry (`[service.NAME] source`), by name (SPEC §13);
+    /// a file of the same name in `services_dir` is ignored.
+    pub sources: BTreeMap<String, SourceRef>,
+    /// How registries are reached.
+    pub registry: RegistryOptions,
 }
 
 impl RuntimeConfig {
@@ -77,6 +83,8 @@ impl RuntimeConfig {
             outgoing_http: OutgoingLimits::default(),
             incoming_http: IncomingLimits::default(),
             http_share_dir: None,
+            sources: BTreeMap::new(),
+            registry: RegistryOptions::default(),
         }
     }
 
@@ -98,9 +106,13 @@ impl RuntimeConfig {
             IncomingLimits::default().with(settings.http_addr, settings.incoming_http);
         config.pooling = settings.http_addr.is_some();
         config.http_share_dir.clone_from(&settings.lock_dir);
+        config.registry = settings.registry.clone();
         for (name, grant) in &settings.grants {
             let grants = grants(name, grant, config.outgoing_http)?;
             config.grants.insert(name.clone(), grants);
+            if let Some(source) = &grant.source {
+                config.sources.insert(name.clone(), source.clone());
+            }
         }
         Ok(config)
     }
