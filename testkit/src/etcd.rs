@@ -333,16 +333,77 @@ fn spawn(binary: &Path, args: &[OsString], dir: &Path) -> Child {
         .expect("spawn etcd")
 }
 
-/// `N` distinct loopback ports nobody listened on a moment ago (the OS picks them for port 0;
-/// all are held open together so they differ).
+/// `N` distinct loopback ports nobody listened on a moment ago, for a server a test starts
+/// (etcd, a registry, a host).
+///
+/// Not the OS's pick for port 0: that comes from the ephemeral range, where every outgoing
+/// connection of the machine also takes its local port, so one could take the port between
+/// this check and the server's bind (etcd then exits with `address already in use`, as it
+/// did once in CI). These come from below that range, each call of this process taking the
+/// next ones from a place picked at random once, and are checked by binding them.
 pub fn free_ports<const N: usize>() -> [u16; N] {
-    let listeners = [(); N]
-        .map(|()| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind a free loopback port"));
-    listeners.map(|l| l.local_addr().expect("bound address").port())
+    static NEXT: std::sync::OnceLock<std::sync::atomic::AtomicU32> = std::sync::OnceLock::new();
+    const LOWEST: u32 = 10_000;
+    let below = ephemeral_low().max(LOWEST + 1_000);
+    let span = below - LOWEST;
+    let next = NEXT.get_or_init(|| {
+        use std::hash::{BuildHasher as _, Hasher as _};
+        let mut random = std::collections::hash_map::RandomState::new().build_hasher();
+        random.write_u32(std::process::id());
+        std::sync::atomic::AtomicU32::new(
+            u32::try_from(random.finish() % u64::from(span)).unwrap_or(0),
+        )
+    });
+    let mut held = Vec::with_capacity(N);
+    for _ in 0..span {
+        if held.len() == N {
+            break;
+        }
+        let offset = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % span;
+        let port = u16::try_from(LOWEST + offset).expect("below the ephemeral range");
+        if let Ok(listener) = TcpListener::bind((Ipv4Addr::LOCALHOST, port)) {
+            held.push(listener);
+        }
+    }
+    let ports: Vec<u16> = held
+        .iter()
+        .map(|l| l.local_addr().expect("bound address").port())
+        .collect();
+    ports
+        .try_into()
+        .expect("enough free loopback ports below the ephemeral range")
+}
+
+/// The lowest port of the machine's ephemeral range (Linux's
+/// `net.ipv4.ip_local_port_range`), 32 768 where it cannot be read.
+fn ephemeral_low() -> u32 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
 }
 
 pub(crate) fn find_on_path(name: &str) -> Option<PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH")?)
         .map(|dir| dir.join(name))
         .find(|path| path.is_file())
+}
+
+#[cfg(test)]
+mod port_tests {
+    use super::*;
+
+    /// Ports for servers come from below the ephemeral range (an outgoing connection never
+    /// takes one), differ from each other and from the last call's, and can be bound.
+    #[test]
+    fn free_ports_are_distinct_bindable_and_below_the_ephemeral_range() {
+        let first: [u16; 3] = free_ports();
+        let second: [u16; 3] = free_ports();
+        let all: std::collections::BTreeSet<u16> = first.iter().chain(&second).copied().collect();
+        assert_eq!(all.len(), 6, "{first:?} {second:?}");
+        for port in all {
+            assert!(u32::from(port) < ephemeral_low(), "{port}");
+            TcpListener::bind((Ipv4Addr::LOCALHOST, port)).expect("bindable");
+        }
+    }
 }

@@ -3,7 +3,7 @@
 //! route, with the host's fencing token on every response, only by the leader.
 
 use std::io::{Read as _, Write as _};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::Duration;
 
@@ -16,10 +16,8 @@ use crate::BIN;
 
 /// A loopback address with a port that was free a moment ago.
 pub(crate) fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
+    let [port] = testkit::etcd::free_ports();
+    SocketAddr::from(([127, 0, 0, 1], port))
 }
 
 /// A directory with `services/NAME.wasm` (the hello guest) for each of `names`, and
