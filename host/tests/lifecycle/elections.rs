@@ -94,6 +94,13 @@ async fn acquire_renews_every_quarter_lease_and_release_deletes() {
         f.store.inner.get(KEY).await.unwrap().is_none(),
         "record deleted"
     );
+    // Never fired while the lease was renewed.
+    assert_eq!(f.fired.load(Ordering::SeqCst), 0);
+    // Release leaves the killer armed (its deadline 0.8 L past the last renewal); disarming
+    // is the shutdown's last step. Done here before time moves on: the watchdog is a real
+    // thread, and one that woke late would read the paused clock past that deadline (CI saw
+    // it fire once so).
+    f.killer.disarm();
     sleep(L).await;
     assert_eq!(
         f.store.calls_of(Op::Cas).len(),
