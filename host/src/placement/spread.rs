@@ -9,11 +9,12 @@
 //!   free (or expired) services; above it, it hands its surplus over gracefully (stop signal,
 //!   grace period, drop, then delete the claim, which wakes the others at once). A joining
 //!   host wakes the others too ([`crate::keys::ANNOUNCE_PREFIX`]), so they hand over at once.
-//! - **One renewal.** Every `L/4` one store write renews every record carrying this host's
-//!   holder value ([`crate::store::TtlStore::renew_all`]). What it returns is what the host
-//!   holds: its own memory of its claims is never trusted (seed 003). A claim the renewal did
-//!   not return is lost: its deadline becomes *now* and its service alone is stopped. A
-//!   renewal that fails three times (`L/20` apart, each bounded by `L/10`) loses every claim.
+//! - **One renewal.** Every `L/4` one store write renews every record whose value's holder
+//!   part is this host's ([`crate::store::TtlStore::renew_all`]), keeping each value as it
+//!   is. What it returns is what the host holds: its own memory of its claims is never
+//!   trusted (seed 003). A claim the renewal did not return is lost: its deadline becomes
+//!   *now* and its service alone is stopped. A renewal that fails three times (`L/20`
+//!   apart, each bounded by `L/10`) loses every claim.
 //! - **Deadlines and the killer.** Each claim has its own local deadline (start of its last
 //!   successful write + 0.8·L, see [`crate::lease::LeaseDeadline`]); the killer is armed at
 //!   the earliest of them and disarmed only while no claim is held (no service runs then).

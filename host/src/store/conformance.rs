@@ -84,6 +84,7 @@ macro_rules! suite {
             a_handover_prepared_ahead_goes_to_a_live_candidate_even_if_the_view_went_stale,
             list_returns_the_live_records_under_a_prefix,
             renew_all_renews_every_record_of_the_holder_and_no_other,
+            renew_all_renews_by_holder_and_keeps_each_value,
             renew_all_never_renews_a_record_the_holder_lost);
         $crate::store::conformance::suite!(@kv $backend);
     };
@@ -813,6 +814,68 @@ pub(crate) async fn renew_all_renews_every_record_of_the_holder_and_no_other<B: 
         s.get("slot/1").await.unwrap().is_none(),
         "outside the prefixes"
     );
+}
+
+/// A record's value is its holder, or its holder, a newline and more ([`crate::lease_value`]):
+/// `renew_all` renews by the holder part and leaves each value as it was. A holder that
+/// merely starts with the same characters is another holder.
+pub(crate) async fn renew_all_renews_by_holder_and_keeps_each_value<B: Backend>(b: &mut B) {
+    const MEMBER: &str = "h\n{\"loaded\":{\"a\":\"0123456789ab\"}}";
+    let clock = ManualClock::default();
+    let s = b.open(&clock).await;
+    let tm = s
+        .insert_if_absent("member/h", MEMBER, B::TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    let tx = s
+        .insert_if_absent("service/x", "h", B::TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    let ty = s
+        .insert_if_absent("service/y", "hx", B::TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    let tz = s
+        .insert_if_absent("service/z", "hx\n[]", B::TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    b.advance(&clock, B::TTL.checked_sub(Duration::from_secs(2)).unwrap())
+        .await;
+    assert_eq!(
+        s.renew_all(&["member/", "service/"], "h", B::TTL)
+            .await
+            .unwrap(),
+        [("member/h".to_owned(), tm), ("service/x".to_owned(), tx)],
+        "the holder's records, by the holder part of their values"
+    );
+    for (key, value, term) in [("service/y", "hx", ty), ("service/z", "hx\n[]", tz)] {
+        let record = s.get(key).await.unwrap().expect("still live");
+        assert_eq!(
+            (record.value.as_str(), record.term),
+            (value, term),
+            "{key} is another holder's, untouched"
+        );
+    }
+    // Past the first expiry: the renewed records live on, each with its own value and term;
+    // the others expired when they were due.
+    b.advance(&clock, B::TTL.checked_sub(Duration::from_secs(1)).unwrap())
+        .await;
+    for (key, value, term) in [("member/h", MEMBER, tm), ("service/x", "h", tx)] {
+        let record = s.get(key).await.unwrap().expect("renewed");
+        assert_eq!(
+            (record.value.as_str(), record.term),
+            (value, term),
+            "{key} keeps its value"
+        );
+    }
+    b.advance(&clock, B::EXPIRY_LAG).await;
+    for key in ["service/y", "service/z"] {
+        assert!(s.get(key).await.unwrap().is_none(), "{key} not renewed");
+    }
 }
 
 pub(crate) async fn renew_all_never_renews_a_record_the_holder_lost<B: Backend>(b: &mut B) {

@@ -47,6 +47,7 @@ use tonic::Code;
 pub use options::{EtcdOptions, EtcdTls, EtcdUrlError};
 
 use super::{Candidates, HandOver, Record, StoreError, Term, TtlStore};
+use crate::lease_value;
 
 /// The store contract on an etcd cluster. Cheap to share behind an `Arc`; every call is one
 /// or a few requests, each bounded by [`EtcdOptions::request_timeout`].
@@ -709,9 +710,10 @@ impl TtlStore for EtcdStore {
     }
 
     /// All of the holder's records move onto one fresh etcd lease in one transaction: one
-    /// nested transaction per record, each putting it on the new lease only if it still has
-    /// the holder's value *and* the lease it was read on (a delayed renewal that lands after
-    /// a later one finds the record moved on and does nothing, as in `compare_and_swap`).
+    /// nested transaction per record, each putting it back with the value it was read with
+    /// on the new lease, only if it still has that value *and* the lease it was read on (a
+    /// record rewritten since the read is not renewed; a delayed renewal that lands after a
+    /// later one finds the record moved on and does nothing, as in `compare_and_swap`).
     /// The leases the records left are revoked once empty. So a host's claims and membership
     /// share one etcd lease, renewed together. (etcd allows 128 operations per transaction
     /// by default (`--max-txn-ops`): a host holding more records than that fails to renew.)
@@ -725,10 +727,12 @@ impl TtlStore for EtcdStore {
         let mut ours = Vec::new();
         for prefix in prefixes {
             for kv in self.range(OP, prefix).await? {
-                if kv.value() == holder.as_bytes()
+                if kv
+                    .value_str()
+                    .is_ok_and(|value| lease_value::holder(value) == holder)
                     && let Some(key) = self.record_name(&kv)
                 {
-                    ours.push((key, kv.lease(), kv.create_revision()));
+                    ours.push((key, kv.value().to_vec(), kv.lease(), kv.create_revision()));
                 }
             }
         }
@@ -738,17 +742,17 @@ impl TtlStore for EtcdStore {
         let lease = self.grant(OP, holder, ttl).await?;
         let moves: Vec<TxnOp> = ours
             .iter()
-            .map(|(key, old, _)| {
+            .map(|(key, value, old, _)| {
                 let record = self.record_key(key);
                 TxnOp::txn(
                     Txn::new()
                         .when([
-                            Compare::value(record.as_str(), CompareOp::Equal, holder),
+                            Compare::value(record.as_str(), CompareOp::Equal, value.as_slice()),
                             Compare::lease(record.as_str(), CompareOp::Equal, *old),
                         ])
                         .and_then([TxnOp::put(
                             record,
-                            holder,
+                            value.as_slice(),
                             Some(PutOptions::new().with_lease(lease)),
                         )]),
                 )
@@ -757,7 +761,7 @@ impl TtlStore for EtcdStore {
         let response = self.txn(OP, holder, Txn::new().and_then(moves)).await?;
         let mut renewed = Vec::new();
         let mut left_behind = std::collections::BTreeSet::new();
-        for ((key, old, term), op) in ours.into_iter().zip(response.op_responses()) {
+        for ((key, _, old, term), op) in ours.into_iter().zip(response.op_responses()) {
             if let TxnOpResponse::Txn(nested) = op
                 && nested.succeeded()
             {

@@ -10,6 +10,7 @@ use tokio::sync::Notify;
 use super::kv::{self, FencedWrite, KvAnswer, KvPage, KvRefusal, KvUsage, KvView};
 use super::{Candidates, FencedKv, HandOver, Record, StoreError, Term, TtlStore};
 use crate::clock::{Clock, Timestamp};
+use crate::lease_value;
 
 /// The store contract held in memory: nothing survives the process. Cheap to clone; clones
 /// share one map, like several hosts sharing one store.
@@ -216,7 +217,7 @@ impl TtlStore for MemStore {
             .iter_mut()
             .filter(|(key, e)| {
                 prefixes.iter().any(|p| key.starts_with(p))
-                    && e.value == holder
+                    && lease_value::holder(&e.value) == holder
                     && e.expires.left_from(now).is_some()
             })
             .map(|(key, e)| {

@@ -247,8 +247,15 @@ pub trait TtlStore: Send + Sync {
     async fn list(&self, prefix: &str) -> Result<Vec<(String, Record)>, StoreError>;
 
     /// Renews in one write every live record whose key starts with one of `prefixes` and
-    /// whose value equals `holder`: each one's expiry becomes now + `ttl`, its value and term
-    /// stay. Returns the renewed keys with their terms, sorted by key.
+    /// whose value's holder part ([`crate::lease_value::holder`]: the value up to its first
+    /// newline) equals `holder`: each one's expiry becomes now + `ttl`, its value (whatever
+    /// follows the holder too) and its term stay as they were. A value whose holder merely
+    /// starts with `holder` is another holder's. Returns the renewed keys with their terms,
+    /// sorted by key.
+    ///
+    /// Each record is renewed only as it was matched: one rewritten (another value, another
+    /// term) or deleted by another writer between the match and the write is neither renewed
+    /// nor returned, and a renewal never writes a value over another writer's.
     ///
     /// The caller names no keys: the store's records decide what it holds (seed 003, "the
     /// instance should never store a record of its claims in its own state"). A key the

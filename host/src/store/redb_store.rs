@@ -44,6 +44,7 @@ use self::schema::{
 use self::scrub::{Scrubber, Verdict};
 use super::{Candidates, HandOver, Record, StoreError, Term, TtlStore};
 use crate::clock::{Clock, SystemClock, Timestamp};
+use crate::lease_value;
 
 /// How long a standby's candidacy record lives at least ([`TtlStore::candidacy_ttl`]): it
 /// is rewritten at a quarter of that.
@@ -809,13 +810,12 @@ impl TtlStore for RedbStore {
             let mut ours = Vec::new();
             for prefix in &prefixes {
                 for (key, lease, _) in live_leases_under(&leases, prefix, now)? {
-                    if lease.value == holder {
+                    if lease_value::holder(&lease.value) == holder {
+                        leases
+                            .insert(key.as_str(), lease_row(&lease.value, lease.term, now, ttl))?;
                         ours.push((key, lease.term));
                     }
                 }
-            }
-            for (key, term) in &ours {
-                leases.insert(key.as_str(), lease_row(&holder, *term, now, ttl))?;
             }
             ours.sort();
             ours.dedup();
