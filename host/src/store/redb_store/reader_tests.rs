@@ -312,9 +312,11 @@ async fn a_read_only_store_paused_inside_a_read_delays_no_writer() {
 
 /// What `status` and `kv` read while a host commits at full speed is one committed state:
 /// every write sets `a` and `b` to its number and adds the key `k/<number>`, so a read
-/// that mixed two commits would see `a` and `b` differ, or keys and usage disagree.
+/// that mixed two commits would see `a` and `b` differ, or keys and usage disagree. The
+/// reader reads on until the writer has committed [`COMMITS`] times, however slow either is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_see_one_committed_state_while_a_writer_commits_at_full_speed() {
+    const COMMITS: u64 = 50;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.redb");
     let writer = impatient_writer(&path).await;
@@ -325,8 +327,9 @@ async fn readers_see_one_committed_state_while_a_writer_commits_at_full_speed() 
         term,
     };
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let committed = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let writing = tokio::spawn({
-        let stop = Arc::clone(&stop);
+        let (stop, committed) = (Arc::clone(&stop), Arc::clone(&committed));
         async move {
             let mut n = 0_u64;
             while !stop.load(Ordering::SeqCst) {
@@ -352,8 +355,8 @@ async fn readers_see_one_committed_state_while_a_writer_commits_at_full_speed() 
                     .await;
                 assert!(matches!(done, Ok(Ok(_))), "{done:?}");
                 assert!(writer.compare_and_swap("1", "a", "a", TTL).await.unwrap());
+                committed.store(n, Ordering::SeqCst);
             }
-            n
         }
     });
     // The writer's clock: a record it wrote is live to the reader.
@@ -361,8 +364,10 @@ async fn readers_see_one_committed_state_while_a_writer_commits_at_full_speed() 
     let reader = RedbStore::open_inner(&path, clock, WRITER_PATIENCE, true)
         .await
         .unwrap();
-    let mut last = 0;
-    for _ in 0..300 {
+    let (mut last, mut rounds) = (0, 0);
+    // A writer that failed has finished: its panic is reported below.
+    while rounds < 300 || committed.load(Ordering::SeqCst) < COMMITS && !writing.is_finished() {
+        rounds += 1;
         let both = reader.kv_get_many("svc", &["a", "b"]).await.unwrap();
         assert_eq!(both[0], both[1], "a and b from one commit");
         let view = reader.kv_view("svc", "k/").await.unwrap();
@@ -378,8 +383,7 @@ async fn readers_see_one_committed_state_while_a_writer_commits_at_full_speed() 
         assert_eq!(records.len(), 1);
     }
     stop.store(true, Ordering::SeqCst);
-    let written = writing.await.unwrap();
-    assert!(written > 10, "the writer committed throughout: {written}");
+    writing.await.unwrap();
 }
 
 /// A commit landing between the header redb read and the registration of its snapshot
