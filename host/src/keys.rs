@@ -4,9 +4,9 @@
 //!
 //! ```text
 //! slot/N            a slot's lease (together placement)         value: lease_value
-//! candidate/HOLDER  a standby waiting for a slot (hand_over)    value: holder
+//! candidate/HOLDER  a standby waiting for a slot (hand_over)    value: lease_value::candidate
 //! service/NAME      a service's claim (spread placement)        value: holder
-//! member/HOLDER     a spread member                             value: holder
+//! member/HOLDER     a spread member                             value: lease_value::candidate
 //! announce/HOLDER   a joining spread member's wake-up           value: holder
 //! handover/NAME     a service handed to another host            value: JSON (runtime)
 //! kv space          guests' key-value records, in their own table or range, by namespace:

@@ -15,15 +15,22 @@
 //!          | [name, version, since, state, restarts, reason, until_ms]
 //!          | [name, version, since, state, restarts, reason, until_ms, schedule]
 //!          | [name, version, since, state, restarts, reason, until_ms, schedule, reuse]
+//!          | [name, "", 0, "rejected", 0, reason, null]   ; its latest version was refused
 //! ```
 //!
 //! A standby's candidacy record (SPEC §13, agreement) carries the services it has loaded in
 //! the same form of value, so that a leader handing it the slot copies a value every reader
-//! reads, and its services part, an object rather than an array, says that nothing runs yet:
+//! reads, and its services part, an object rather than an array, says that nothing runs yet;
+//! a spread member's membership record carries the same:
 //!
 //! ```text
-//! value    = holder | holder "\n" {"loaded": {name: version, ...}}
+//! value    = holder | holder "\n" {"loaded": {name: version, ...}, "rejected": {name: reason, ...}}
 //! ```
+//!
+//! A `rejected` service ([`Inventory::rejected`]) is one whose latest file or registry source
+//! the host refused (not a component, a failed pull, ...), with the reason; the version it
+//! had before, if any, runs on and is listed as loaded. Readers from before rejections were
+//! written skip such an entry (an unknown state) and ignore the `rejected` key.
 //!
 //! `since` is Unix seconds; `state` is `running`, `backing-off` or `stopped`; `reason` (or
 //! `null`) is cut to [`MAX_REASON_CHARS`]; `until_ms` (or `null`) is when a service backing
@@ -154,12 +161,18 @@ impl ServiceStatus {
     }
 }
 
-/// The value to write for `holder` with `services` under its lease.
-pub fn encode(holder: &str, services: &[ServiceStatus]) -> String {
-    if services.is_empty() {
+/// The value to write for `holder` with `services` under its lease, and the services whose
+/// latest version it refused (`rejected`, after them).
+pub fn encode(holder: &str, services: &[ServiceStatus], rejected: &Rejected) -> String {
+    if services.is_empty() && rejected.is_empty() {
         return holder.to_owned();
     }
-    let list: Vec<Value> = services.iter().map(entry).collect();
+    let refused = rejected.iter().map(|(name, reason)| {
+        let (name, reason) = (Value::from(name.as_str()), Value::from(cut(reason)));
+        let fields = [name, "".into(), 0.into(), REJECTED.into(), 0.into(), reason];
+        Value::Array(fields.into_iter().chain([Value::Null]).collect())
+    });
+    let list: Vec<Value> = services.iter().map(entry).chain(refused).collect();
     // Serializing strings and integers cannot fail.
     let json = serde_json::to_string(&list).unwrap_or_else(|_| "[]".to_owned());
     format!("{holder}\n{json}")
@@ -217,12 +230,34 @@ pub fn cut(reason: &str) -> String {
 /// SHA-256 of its component, as [`ServiceStatus::version`].
 pub type Versions = BTreeMap<String, String>;
 
-/// The value of a candidacy record of `holder` with the services it has `loaded`.
-pub fn candidate(holder: &str, loaded: &Versions) -> String {
-    if loaded.is_empty() {
-        return holder.to_owned();
-    }
-    let json = serde_json::json!({ "loaded": loaded });
+/// The services whose latest version a host refused, by name, with the reason.
+pub type Rejected = BTreeMap<String, String>;
+
+/// The state name of a refused service's entry in a lease's list.
+const REJECTED: &str = "rejected";
+
+/// What a host's services directory and registry sources came to: what it would run if it
+/// led, and publishes to the fleet (SPEC §13).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Inventory {
+    /// Every service loaded, with its version.
+    pub versions: Versions,
+    /// Every service whose latest version was refused, with why. The version before it, if
+    /// any, is still loaded (and in `versions`).
+    pub rejected: Rejected,
+}
+
+/// The value of a candidacy (or membership) record of `holder` with what it has `loaded`.
+pub fn candidate(holder: &str, loaded: &Inventory) -> String {
+    let Inventory { versions, rejected } = loaded;
+    let json = match (versions.is_empty(), rejected.is_empty()) {
+        (true, true) => return holder.to_owned(),
+        (_, true) => serde_json::json!({ "loaded": versions }),
+        _ => {
+            let rejected: Rejected = rejected.iter().map(|(n, r)| (n.clone(), cut(r))).collect();
+            serde_json::json!({ "loaded": versions, "rejected": rejected })
+        }
+    };
     format!("{holder}\n{json}")
 }
 
@@ -235,8 +270,29 @@ pub fn versions(value: &str) -> Option<Versions> {
     if let Ok(candidate) = serde_json::from_str::<BTreeMap<String, Versions>>(json) {
         return candidate.get("loaded").cloned();
     }
-    let services = services(value);
-    (!services.is_empty()).then(|| services.into_iter().map(|s| (s.name, s.version)).collect())
+    let list = serde_json::from_str::<Vec<Vec<Value>>>(json).ok()?;
+    let services = list.iter().filter_map(|fields| parse(fields));
+    Some(services.map(|s| (s.name, s.version)).collect())
+}
+
+/// The services a record's value says its host refused (a candidacy's, a membership's or a
+/// lease's), with the reason; none when it says nothing of them.
+pub fn rejected(value: &str) -> Rejected {
+    let Some((_, json)) = value.split_once('\n') else {
+        return Rejected::new();
+    };
+    if let Ok(mut candidate) = serde_json::from_str::<BTreeMap<String, Rejected>>(json) {
+        return candidate.remove(REJECTED).unwrap_or_default();
+    }
+    let list = serde_json::from_str::<Vec<Vec<Value>>>(json).unwrap_or_default();
+    let refused = list.iter().filter_map(|fields| {
+        let [name, _, _, state, _, reason, ..] = fields.as_slice() else {
+            return None;
+        };
+        let (name, reason) = (name.as_str()?, reason.as_str()?);
+        (state.as_str()? == REJECTED).then(|| (name.to_owned(), reason.to_owned()))
+    });
+    refused.collect()
 }
 
 /// The holder part of a record's value.
@@ -245,7 +301,8 @@ pub fn holder(value: &str) -> &str {
 }
 
 /// The services a record's value carries: none for a value without any (an older record, a
-/// leader whose services have not started), or one this version cannot read.
+/// leader whose services have not started), or one this version cannot read. A refused
+/// service is not one of them ([`rejected`]).
 pub fn services(value: &str) -> Vec<ServiceStatus> {
     let Some((_, json)) = value.split_once('\n') else {
         return Vec::new();
@@ -286,15 +343,24 @@ fn parse(fields: &[Value]) -> Option<ServiceStatus> {
     Some(status)
 }
 
-/// Where the services of one leadership say how each of them is; the lease's next renewal
-/// writes it into the record. Cheap to clone.
+/// What one leadership's lease record says of the host's services ([`encode`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    /// The services under the lease, in name order.
+    pub services: Vec<ServiceStatus>,
+    /// The services the host refused ([`Inventory::rejected`]).
+    pub rejected: Rejected,
+}
+
+/// Where the services of one leadership say how each of them is, and the host which of its
+/// services it refused; the lease's next renewal writes it into the record. Cheap to clone.
 #[derive(Clone, Debug)]
-pub struct RunningReport(Arc<watch::Sender<Vec<ServiceStatus>>>);
+pub struct RunningReport(Arc<watch::Sender<Report>>);
 
 impl RunningReport {
     /// A report and the receiver the renewal reads.
-    pub fn new() -> (Self, watch::Receiver<Vec<ServiceStatus>>) {
-        let (tx, rx) = watch::channel(Vec::new());
+    pub fn new() -> (Self, watch::Receiver<Report>) {
+        let (tx, rx) = watch::channel(Report::default());
         (Self(Arc::new(tx)), rx)
     }
 
@@ -303,19 +369,29 @@ impl RunningReport {
         Self::new().0
     }
 
-    /// Replaces the whole list.
+    /// Replaces the whole list of services.
     pub fn set(&self, services: Vec<ServiceStatus>) {
         self.0.send_if_modified(|now| {
-            let changed = *now != services;
-            *now = services;
+            let changed = now.services != services;
+            now.services = services;
+            changed
+        });
+    }
+
+    /// Replaces the services the host refused.
+    pub fn set_rejected(&self, rejected: Rejected) {
+        self.0.send_if_modified(|now| {
+            let changed = now.rejected != rejected;
+            now.rejected = rejected;
             changed
         });
     }
 
     /// Sets the status of the service `status.name`, adding it (in name order) if absent.
     pub fn update(&self, status: ServiceStatus) {
-        self.0.send_if_modified(
-            |now| match now.binary_search_by(|s| s.name.cmp(&status.name)) {
+        self.0.send_if_modified(|now| {
+            let now = &mut now.services;
+            match now.binary_search_by(|s| s.name.cmp(&status.name)) {
                 Ok(i) if now[i] == status => false,
                 Ok(i) => {
                     now[i] = status;
@@ -325,21 +401,21 @@ impl RunningReport {
                     now.insert(i, status);
                     true
                 }
-            },
-        );
+            }
+        });
     }
 
     /// Removes the service `name`, if it is there.
     pub fn remove(&self, name: &str) {
         self.0.send_if_modified(|now| {
-            let before = now.len();
-            now.retain(|s| s.name != name);
-            now.len() != before
+            let before = now.services.len();
+            now.services.retain(|s| s.name != name);
+            now.services.len() != before
         });
     }
 
     /// A receiver of every change from now on (tests wait on it).
-    pub fn subscribe(&self) -> watch::Receiver<Vec<ServiceStatus>> {
+    pub fn subscribe(&self) -> watch::Receiver<Report> {
         self.0.subscribe()
     }
 }
@@ -356,24 +432,86 @@ mod tests {
             ("hello".to_owned(), "0c9766887530".to_owned()),
             ("ticker".to_owned(), "11def412bec5".to_owned()),
         ]);
-        let value = candidate("b/2/ff", &loaded);
+        let value = candidate("b/2/ff", &only(&loaded));
         assert_eq!(holder(&value), "b/2/ff");
         assert_eq!(versions(&value), Some(loaded.clone()));
         assert!(services(&value).is_empty(), "nothing runs on a standby");
-        assert_eq!(candidate("b/2/ff", &Versions::new()), "b/2/ff");
+        assert_eq!(candidate("b/2/ff", &Inventory::default()), "b/2/ff");
         assert_eq!(versions("b/2/ff"), None);
         let mut ticker = svc("ticker", 1);
         ticker.version = "11def412bec5".into();
         ticker.state = ServiceState::Stopped;
         let mut hello = svc("hello", 1);
         hello.version = "0c9766887530".into();
-        let lease = encode("a/1/ee", &[hello, ticker]);
+        let lease = encode("a/1/ee", &[hello, ticker], &Rejected::new());
         assert_eq!(versions(&lease), Some(loaded));
         assert_eq!(versions("a/1/ee\nnot json"), None);
     }
 
     fn svc(name: &str, since: u64) -> ServiceStatus {
         ServiceStatus::running(name, "0123456789ab", since)
+    }
+
+    fn only(versions: &Versions) -> Inventory {
+        Inventory {
+            versions: versions.clone(),
+            rejected: Rejected::new(),
+        }
+    }
+
+    /// A refused service rides in a candidacy's object and after a lease's services, with
+    /// its reason cut; it is not among the services or the versions, and a reader of the
+    /// older forms reads everything else as before.
+    #[test]
+    fn a_refused_service_is_told_beside_the_loaded_ones_and_older_readers_skip_it() {
+        let long = format!(
+            "services/bad.wasm: not a valid component: {}",
+            "x".repeat(5000)
+        );
+        let rejected = Rejected::from([
+            ("bad".to_owned(), long.clone()),
+            (
+                "pulled".to_owned(),
+                "oci://r/p@sha256:00: 401 Unauthorized".to_owned(),
+            ),
+        ]);
+        let cut_rejected: Rejected = rejected.iter().map(|(n, r)| (n.clone(), cut(r))).collect();
+        let hello = Versions::from([("hello".to_owned(), "0c9766887530".to_owned())]);
+        let loaded = Inventory {
+            versions: hello.clone(),
+            rejected: rejected.clone(),
+        };
+        let standby = candidate("b/2/ff", &loaded);
+        assert_eq!(holder(&standby), "b/2/ff");
+        assert_eq!(versions(&standby), Some(hello.clone()));
+        assert_eq!(super::rejected(&standby), cut_rejected);
+        assert!(standby.len() < 1024, "{} bytes", standby.len());
+        let older: BTreeMap<String, Versions> =
+            serde_json::from_str(standby.split_once('\n').unwrap().1).unwrap();
+        assert_eq!(older["loaded"], hello, "as an older reader reads it");
+
+        let mut running = svc("hello", 1);
+        running.version = "0c9766887530".into();
+        let lease = encode("a/1/ee", std::slice::from_ref(&running), &rejected);
+        assert_eq!(
+            services(&lease),
+            vec![running],
+            "a refused service runs nothing"
+        );
+        assert_eq!(versions(&lease), Some(hello));
+        assert_eq!(super::rejected(&lease), cut_rejected);
+        assert!(lease.len() < 1024, "{} bytes", lease.len());
+
+        let only_refused = encode("a/1/ee", &[], &rejected);
+        assert!(services(&only_refused).is_empty());
+        assert_eq!(
+            versions(&only_refused),
+            Some(Versions::new()),
+            "it says: nothing loaded"
+        );
+        assert_eq!(super::rejected(&only_refused), cut_rejected);
+        assert!(super::rejected("a/1/ee").is_empty());
+        assert!(super::rejected(&encode("a", &[svc("t", 5)], &Rejected::new())).is_empty());
     }
 
     /// A scheduled service's schedule, last run and next fire time come back as written; a
@@ -393,7 +531,7 @@ mod tests {
             }),
             next: Some(1_795_467_900),
         });
-        let value = encode("h/1/ff/0", std::slice::from_ref(&s));
+        let value = encode("h/1/ff/0", std::slice::from_ref(&s), &Rejected::new());
         assert_eq!(services(&value), vec![s.clone()]);
         let json = value.split_once('\n').unwrap().1;
         let list: Vec<Vec<Value>> = serde_json::from_str(json).unwrap();
@@ -411,7 +549,7 @@ mod tests {
             max_concurrent: 1,
             idle_ms: 1000,
         });
-        let value = encode("h/1/ff/0", std::slice::from_ref(&s));
+        let value = encode("h/1/ff/0", std::slice::from_ref(&s), &Rejected::new());
         assert_eq!(services(&value), vec![s.clone()]);
         let json = value.split_once('\n').unwrap().1;
         let list: Vec<Vec<Value>> = serde_json::from_str(json).unwrap();
@@ -420,7 +558,7 @@ mod tests {
 
     #[test]
     fn no_services_is_the_bare_holder_as_older_records_are() {
-        assert_eq!(encode("h/1/ff/0", &[]), "h/1/ff/0");
+        assert_eq!(encode("h/1/ff/0", &[], &Rejected::new()), "h/1/ff/0");
         assert_eq!(holder("h/1/ff/0"), "h/1/ff/0");
         assert!(services("h/1/ff/0").is_empty());
     }
@@ -431,11 +569,11 @@ mod tests {
             svc("ticker", 1_795_467_301),
             svc("odd, name@\"with\"\nnewline [x]", 7),
         ];
-        let value = encode("h/1/ff/0", &list);
+        let value = encode("h/1/ff/0", &list, &Rejected::new());
         assert_eq!(holder(&value), "h/1/ff/0");
         assert_eq!(services(&value), list);
         assert_eq!(
-            encode("h", &[svc("t", 5)]),
+            encode("h", &[svc("t", 5)], &Rejected::new()),
             "h\n[[\"t\",\"0123456789ab\",5]]",
             "the documented encoding"
         );
@@ -457,7 +595,11 @@ mod tests {
             reason: Some("returned".into()),
             ..svc("done", 9)
         };
-        let value = encode("h", &[backing_off.clone(), stopped.clone(), svc("ok", 9)]);
+        let value = encode(
+            "h",
+            &[backing_off.clone(), stopped.clone(), svc("ok", 9)],
+            &Rejected::new(),
+        );
         assert!(
             value.len() < 1024,
             "a 5 MB reason is cut: {} bytes",
@@ -487,10 +629,10 @@ mod tests {
             ..svc("b", 1)
         };
         report.update(failed.clone());
-        assert_eq!(*rx.borrow(), vec![svc("a", 1), failed]);
+        assert_eq!(rx.borrow().services, vec![svc("a", 1), failed]);
         report.remove("a");
         report.remove("nothing");
-        assert_eq!(rx.borrow().len(), 1);
+        assert_eq!(rx.borrow().services.len(), 1);
     }
 
     #[test]
@@ -507,6 +649,12 @@ mod tests {
         rx.mark_unchanged();
         report.set(vec![svc("a", 1)]);
         assert!(!rx.has_changed().unwrap());
-        assert_eq!(*rx.borrow(), vec![svc("a", 1)]);
+        assert_eq!(rx.borrow().services, vec![svc("a", 1)]);
+        let rejected = Rejected::from([("bad".to_owned(), "not a component".to_owned())]);
+        report.set_rejected(rejected.clone());
+        assert!(rx.has_changed().unwrap());
+        rx.mark_unchanged();
+        report.set_rejected(rejected);
+        assert!(!rx.has_changed().unwrap());
     }
 }

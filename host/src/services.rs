@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::lease::LeaseDeadline;
-use crate::lease_value::{RunningReport, Versions};
+use crate::lease_value::{Inventory, RunningReport};
 use crate::problem::ProblemReporter;
 use crate::store::{Store, Term};
 
@@ -70,12 +70,12 @@ pub trait Services: Send + Sync + 'static {
     /// promptly (with what did start) once `ctx.stopping` is cancelled.
     async fn start(&self, ctx: ServiceContext) -> Result<Box<dyn RunningServices>, ServiceError>;
 
-    /// The version of each service loaded now, by name, changing as the services do (a
-    /// file replaced, added or removed while serving): what this host would run if it led,
-    /// and publishes to the fleet (SPEC §13). Call within a tokio runtime. A set without
-    /// versions (a double) is empty and never changes.
-    fn versions(&self) -> watch::Receiver<Versions> {
-        watch::channel(Versions::new()).1
+    /// The version of each service loaded now, by name, and why each refused one was,
+    /// changing as the services do (a file replaced, added or removed while serving): what
+    /// this host would run if it led, and publishes to the fleet (SPEC §13). Call within a
+    /// tokio runtime. A set without versions (a double) is empty and never changes.
+    fn inventory(&self) -> watch::Receiver<Inventory> {
+        watch::channel(Inventory::default()).1
     }
 }
 
@@ -108,6 +108,12 @@ pub trait SeparateServices: Send + Sync + 'static {
     /// (the membership's local deadline) is ahead. Each request it takes is judged by the
     /// claim of the service it asks for.
     fn open_door(&self, membership: LeaseDeadline) -> Option<Box<dyn FrontDoor>>;
+
+    /// What this host has loaded and refused, as [`Services::inventory`]: the membership
+    /// record publishes it to the group (SPEC §13).
+    fn inventory(&self) -> watch::Receiver<Inventory> {
+        watch::channel(Inventory::default()).1
+    }
 
     /// Starts the service `name` alone under `ctx.lease` (its claim); returns once it has
     /// started. It follows the services directory as [`Services::start`] does: a replaced

@@ -82,8 +82,8 @@ async fn lease(deadline: LeaseDeadline) -> Lease {
 /// the last of them): its status then.
 async fn failed(l: &Lease, name: &str, times: u32) -> ServiceStatus {
     let mut report = l.ctx.running.subscribe();
-    let wait = report.wait_for(|services| {
-        services.iter().any(|s| {
+    let wait = report.wait_for(|report| {
+        report.services.iter().any(|s| {
             s.name == name
                 && matches!(s.state, ServiceState::BackingOff { .. })
                 && s.restarts + 1 >= times
@@ -93,7 +93,8 @@ async fn failed(l: &Lease, name: &str, times: u32) -> ServiceStatus {
         .await
         .unwrap_or_else(|_| panic!("{name} did not fail {times} times"))
         .unwrap();
-    services.iter().find(|s| s.name == name).unwrap().clone()
+    let found = services.services.iter().find(|s| s.name == name);
+    found.unwrap().clone()
 }
 
 fn far_deadline() -> LeaseDeadline {

@@ -151,3 +151,130 @@ fn with_require_same_services_a_standby_with_other_bits_leads_only_once_it_has_t
     );
     crate::incoming_http::stop(b);
 }
+
+/// A service whose file a host refused shows in `status` with the reason (issue 49), for the
+/// leader under its slot and for a standby among the hosts, in `--json` and in the table,
+/// while the others serve; once the file is fixed, it loads and is gone from both.
+#[test]
+fn a_refused_service_shows_in_status_for_the_leader_and_a_standby_until_its_file_loads() {
+    let dir = testkit::scratch::scratch_dir();
+    for host in ["a", "b"] {
+        let at = dir.path().join(host);
+        std::fs::create_dir(&at).unwrap();
+        std::fs::copy(guests::guest("test/http-hello"), at.join("hello.wasm")).unwrap();
+        std::fs::write(at.join("broken.wasm"), format!("not a component, {host}")).unwrap();
+    }
+    let mut a = serve("a", dir.path(), &[]);
+    a.wait_for(&["services started"]);
+    let mut b = serve("b", dir.path(), &[]);
+    b.wait_for(&["services loaded"]);
+    let refused = |h: &serde_json::Value| h["rejected"]["broken"].is_string();
+    let status = status_until(dir.path(), |s| {
+        s["hosts"]
+            .as_array()
+            .is_some_and(|h| h.len() == 2 && h.iter().all(refused))
+    });
+    let reason = status["slots"][0]["rejected"]["broken"].as_str().unwrap();
+    assert!(reason.contains("broken.wasm"), "names the file: {status}");
+    assert_eq!(
+        status["slots"][0]["services"][0]["name"], "hello",
+        "{status}"
+    );
+    assert!(
+        status["differences"].as_array().unwrap().is_empty(),
+        "{status}"
+    );
+    let table = crate::tools::tool(dir.path(), &["status"]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("service broken rejected: "), "{table}");
+    assert_eq!(table.matches("REJECTED broken on ").count(), 2, "{table}");
+
+    for (host, log) in [("a", &mut a), ("b", &mut b)] {
+        let at = dir.path().join(host);
+        std::fs::copy(guests::guest("test/http-hello"), at.join(".broken.tmp")).unwrap();
+        std::fs::rename(at.join(".broken.tmp"), at.join("broken.wasm")).unwrap();
+        log.wait_for(&["service added", "broken"]);
+    }
+    let status = status_until(dir.path(), |s| {
+        s["hosts"].as_array().is_some_and(|h| {
+            h.len() == 2
+                && h.iter().all(|h| {
+                    h["rejected"]
+                        .as_object()
+                        .is_some_and(serde_json::Map::is_empty)
+                        && h["services"]["broken"].is_string()
+                })
+        })
+    });
+    assert_eq!(
+        status["slots"][0]["rejected"],
+        serde_json::json!({}),
+        "{status}"
+    );
+    let table = crate::tools::tool(dir.path(), &["status"]);
+    assert!(!String::from_utf8_lossy(&table.stdout).contains("rejected"));
+    crate::incoming_http::stop(b);
+    crate::incoming_http::stop(a);
+}
+
+/// Under spread placement each member's record says what it has loaded and refused: `status`
+/// lists both members with their versions, flags the service they differ in and the one a
+/// member refused; once the member's files are the other's, its record says so at once.
+#[test]
+fn spread_members_publish_their_versions_and_refusals_and_status_compares_them() {
+    let dir = two_directories();
+    std::fs::write(dir.path().join("b/broken.wasm"), "not a component").unwrap();
+    let spread = ["--placement", "spread"];
+    let mut a = serve("a", dir.path(), &spread);
+    let mut b = serve("b", dir.path(), &spread);
+    for host in [&mut a, &mut b] {
+        host.wait_for(&["joined"]);
+    }
+    let members = |s: &serde_json::Value| -> Vec<serde_json::Value> {
+        let hosts = s["hosts"].as_array().cloned().unwrap_or_default();
+        hosts
+            .into_iter()
+            .filter(|h| h["role"] == "member")
+            .collect()
+    };
+    let status = status_until(dir.path(), |s| {
+        let m = members(s);
+        m.len() == 2 && m.iter().all(|h| h["services"]["hello"].is_string())
+    });
+    let m = members(&status);
+    assert_ne!(
+        m[0]["services"]["hello"], m[1]["services"]["hello"],
+        "{status}"
+    );
+    assert_eq!(status["differences"][0]["service"], "hello", "{status}");
+    let refused: Vec<_> = m
+        .iter()
+        .filter(|h| h["rejected"]["broken"].is_string())
+        .collect();
+    assert_eq!(refused.len(), 1, "b refused broken: {status}");
+    let table = crate::tools::tool(dir.path(), &["status"]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("DIFFERS  hello:"), "{table}");
+    assert!(table.contains("REJECTED broken on "), "{table}");
+
+    let b_dir = dir.path().join("b");
+    std::fs::copy(dir.path().join("a/hello.wasm"), b_dir.join(".hello.tmp")).unwrap();
+    std::fs::rename(b_dir.join(".hello.tmp"), b_dir.join("hello.wasm")).unwrap();
+    std::fs::remove_file(b_dir.join("broken.wasm")).unwrap();
+    let status = status_until(dir.path(), |s| {
+        let m = members(s);
+        m.len() == 2
+            && m.iter().all(|h| {
+                h["rejected"]
+                    .as_object()
+                    .is_some_and(serde_json::Map::is_empty)
+            })
+            && s["differences"].as_array().is_some_and(Vec::is_empty)
+    });
+    assert_eq!(
+        members(&status)[0]["services"],
+        members(&status)[1]["services"]
+    );
+    crate::incoming_http::stop(b);
+    crate::incoming_http::stop(a);
+}

@@ -9,7 +9,7 @@ use crate::config::{self, Placement};
 use std::collections::BTreeMap;
 
 use crate::keys::{CANDIDATE_PREFIX, HAND_OVER_PREFIX, MEMBER_PREFIX, SERVICE_PREFIX, slot_key};
-use crate::lease_value::{self, ServiceState, ServiceStatus, Versions};
+use crate::lease_value::{self, Rejected, ServiceState, ServiceStatus, Versions};
 use crate::runtime::RuntimeConfig;
 use crate::store::{self, Record};
 
@@ -21,8 +21,9 @@ use crate::store::{self, Record};
 /// `backing_off_until` in Unix milliseconds or `null`, `null`s for a free slot; `schedule`,
 /// for a scheduled service, `{"schedule", "timezone", "last": {"fire", "outcome", "error",
 /// "duration_ms", "term"}, "next"}` with fire times in Unix seconds, else `null`; `reuse`,
-/// for an HTTP service, `{"max_requests", "max_concurrent", "idle_ms"}`, else `null`). The services are those the leader wrote
-/// with its last renewal ([`crate::lease_value`]). Under spread placement (or whenever there
+/// for an HTTP service, `{"max_requests", "max_concurrent", "idle_ms"}`, else `null`), and
+/// `"rejected": {name: reason}`, the services whose latest file or source the leader refused.
+/// The services are those the leader wrote with its last renewal ([`crate::lease_value`]). Under spread placement (or whenever there
 /// are any), the members and each service's claim instead (JSON: `"members": [{"holder",
 /// "time_left_ms"}]`, `"claims": [{"service", "holder", "term", "time_left_ms"}]`, always
 /// present). Services handed over after a failure within the last hour are listed too (JSON:
@@ -31,8 +32,10 @@ use crate::store::{self, Record};
 /// standbys and spread members, with the
 /// version of each service it has loaded where its record says, and each service whose
 /// hosts hold different versions, flagged (JSON: `"hosts": [{"holder", "role", "slot",
-/// "services"}]`, `role` `leader`, `standby` or `member`, `services` `{name: version}` or
-/// `null`; `"differences": [{"service", "versions": {holder: version or null}}]`).
+/// "services", "rejected"}]`, `role` `leader`, `standby` or `member`, `services` `{name:
+/// version}` or `null`, `rejected` `{name: reason}`; `"differences": [{"service", "versions":
+/// {holder: version or null}}]`). A host that refused a service is listed even when it
+/// differs in nothing.
 /// Safe while hosts serve.
 pub(super) async fn status(args: &StoreArgs, json: bool) -> anyhow::Result<ExitCode> {
     let settings = args.settings()?;
@@ -81,6 +84,8 @@ struct HostSeen {
     slot: Option<u32>,
     /// The version of each service it has loaded, if its record says.
     services: Option<Versions>,
+    /// The services whose latest version it refused, with why.
+    rejected: Rejected,
 }
 
 /// Which host holds which version of one service, when they are not all the same (`None`:
@@ -127,6 +132,7 @@ impl Seen {
             role,
             slot,
             services: lease_value::versions(&r.value),
+            rejected: lease_value::rejected(&r.value),
         };
         let leaders = (self.slots.iter())
             .filter_map(|(slot, record)| Some(host(record.as_ref()?, "leader", Some(*slot))));
@@ -153,17 +159,21 @@ impl Seen {
                         .iter()
                         .map(service_json)
                         .collect::<Vec<_>>(),
+                    "rejected": lease_value::rejected(&r.value),
                 }),
                 None => serde_json::json!({
                     "slot": slot, "holder": null, "term": null, "time_left_ms": null,
-                    "services": null,
+                    "services": null, "rejected": null,
                 }),
             })
             .collect();
         let members: Vec<_> = self
             .members
             .iter()
-            .map(|(_, r)| serde_json::json!({ "holder": r.value, "time_left_ms": ms(r) }))
+            .map(|(_, r)| {
+                let holder = lease_value::holder(&r.value);
+                serde_json::json!({ "holder": holder, "time_left_ms": ms(r) })
+            })
             .collect();
         let claims: Vec<_> = self
             .claims
@@ -193,6 +203,7 @@ impl Seen {
             .map(|h| {
                 serde_json::json!({
                     "holder": h.holder, "role": h.role, "slot": h.slot, "services": h.services,
+                    "rejected": h.rejected,
                 })
             })
             .collect();
@@ -230,11 +241,21 @@ fn print_slots(out: &mut impl Write, slots: &[(u32, Option<Record>)]) -> std::io
                 for s in lease_value::services(&record.value) {
                     print_service(out, &s)?;
                 }
+                print_rejected(out, &lease_value::rejected(&record.value))?;
             }
             None => {
                 writeln!(out, "{slot:<6} {:<48} {:>8} {:>10}", "(free)", "-", "-")?;
             }
         }
+    }
+    Ok(())
+}
+
+/// The services a host refused, as lines of the table under its slot.
+fn print_rejected(out: &mut impl Write, rejected: &Rejected) -> std::io::Result<()> {
+    for (name, reason) in rejected {
+        let reason = crate::log_output::escaped(reason);
+        writeln!(out, "{:<6}   service {name} rejected: {reason}", "")?;
     }
     Ok(())
 }
@@ -361,11 +382,12 @@ fn print_spread(
         "MEMBER", "SERVICES", "TIME LEFT"
     )?;
     for (_, m) in members {
-        let held = claims.iter().filter(|(_, c)| c.value == m.value).count();
+        let holder = lease_value::holder(&m.value);
+        let held = claims.iter().filter(|(_, c)| c.value == holder).count();
         writeln!(
             out,
             "{:<48} {:>10} {:>8.1}s",
-            m.value,
+            holder,
             held,
             m.time_left.as_secs_f64()
         )?;
@@ -413,11 +435,16 @@ fn differences(hosts: &[HostSeen]) -> Vec<Difference> {
         .collect()
 }
 
-/// Every host, with the versions it has loaded, and the services whose hosts differ; nothing
-/// when no host stands by and none differs (the holders are in the table above).
+/// Every host, with the versions it has loaded, the services whose hosts differ, and those a
+/// host refused; nothing when no host stands by, none differs and none refused a service
+/// (the holders are in the table above).
 fn print_hosts(out: &mut impl Write, hosts: &[HostSeen]) -> std::io::Result<()> {
     let differences = differences(hosts);
-    if differences.is_empty() && hosts.iter().all(|h| h.role != "standby") {
+    if differences.is_empty()
+        && hosts
+            .iter()
+            .all(|h| h.role != "standby" && h.rejected.is_empty())
+    {
         return Ok(());
     }
     writeln!(out)?;
@@ -438,6 +465,12 @@ fn print_hosts(out: &mut impl Write, hosts: &[HostSeen]) -> std::io::Result<()> 
             .map(|(holder, v)| format!("{} on {holder}", v.as_deref().unwrap_or("none")))
             .collect();
         writeln!(out, "DIFFERS  {service}: {}", each.join("; "))?;
+    }
+    for h in hosts {
+        for (service, reason) in &h.rejected {
+            let reason = crate::log_output::escaped(reason);
+            writeln!(out, "REJECTED {service} on {}: {reason}", h.holder)?;
+        }
     }
     Ok(())
 }

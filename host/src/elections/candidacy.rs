@@ -13,12 +13,13 @@ use tokio_util::sync::CancellationToken;
 
 use super::Elections;
 use crate::lease::{attempt_patience, release_patience, renew_every};
-use crate::lease_value::{self, Versions};
+use crate::lease_value::{self, Inventory};
 
 impl Elections {
     /// Stands as a candidate for the leases of other holders: a record `key` with our
-    /// `holder` and the services we have loaded (`versions`, [`lease_value::candidate`]) that
-    /// lives `ttl` and is rewritten every `ttl / 4`, and at once when `versions` changes,
+    /// `holder` and the services we have loaded and refused (`loaded`,
+    /// [`lease_value::candidate`]) that lives `ttl` and is rewritten every `ttl / 4`, and at
+    /// once when `loaded` changes,
     /// which a releasing holder may hand its lease to (see [`Elections::adopt`]). Each store
     /// call waits at most as long as a renewal of a lease `lease` long would. It ends, and the
     /// record is deleted, when the returned [`Candidacy`] is withdrawn. A store failure only
@@ -28,7 +29,7 @@ impl Elections {
         self: &Arc<Self>,
         key: &str,
         holder: &str,
-        versions: watch::Receiver<Versions>,
+        loaded: watch::Receiver<Inventory>,
         ttl: Duration,
         lease: Duration,
     ) -> Candidacy {
@@ -36,7 +37,7 @@ impl Elections {
         let task = tokio::spawn(Arc::clone(self).keep_standing(
             key.to_owned(),
             holder.to_owned(),
-            versions,
+            loaded,
             (ttl, lease),
             stop.clone(),
         ));
@@ -47,7 +48,7 @@ impl Elections {
         self: Arc<Self>,
         key: String,
         holder: String,
-        mut versions: watch::Receiver<Versions>,
+        mut loaded: watch::Receiver<Inventory>,
         (ttl, lease): (Duration, Duration),
         stop: CancellationToken,
     ) {
@@ -55,7 +56,7 @@ impl Elections {
         let mut written: Option<String> = None;
         let mut tried = holder.clone();
         loop {
-            let value = lease_value::candidate(&holder, &versions.borrow_and_update());
+            let value = lease_value::candidate(&holder, &loaded.borrow_and_update());
             tried.clone_from(&value);
             let write = async {
                 if let Some(old) = &written
@@ -92,7 +93,7 @@ impl Elections {
                 () = stop.cancelled() => break,
                 () = sleep(renew_every(ttl)) => {}
                 // A double's set never changes (its sender is gone): no branch then.
-                Ok(()) = versions.changed() => {}
+                Ok(()) = loaded.changed() => {}
             }
         }
         // A write that timed out may still land after this delete; the record then expires
@@ -141,6 +142,7 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
     use crate::killer::Killer;
+    use crate::lease_value::Versions;
     use crate::ops::Ops;
     use crate::store::{MemStore, TtlStore};
 
@@ -171,7 +173,11 @@ mod tests {
             Ops::new(Arc::new(clock.clone())),
         );
         let hello = |v: &str| Versions::from([("hello".to_owned(), v.to_owned())]);
-        let (tx, rx) = watch::channel(hello("0c9766887530"));
+        let loaded = |v: &str| Inventory {
+            versions: hello(v),
+            ..Inventory::default()
+        };
+        let (tx, rx) = watch::channel(loaded("0c9766887530"));
         let (ttl, lease) = (Duration::from_hours(1), Duration::from_secs(2));
         let candidacy = elections.stand("candidate/b", "b", rx, ttl, lease);
         let first = record_until(&store, |v| {
@@ -180,7 +186,7 @@ mod tests {
         .await;
         assert!(first.time_left > lease, "lives {:?}", first.time_left);
         assert_eq!(lease_value::holder(&first.value), "b");
-        tx.send_replace(hello("11def412bec5"));
+        tx.send_replace(loaded("11def412bec5"));
         record_until(&store, |v| {
             lease_value::versions(v) == Some(hello("11def412bec5"))
         })

@@ -32,7 +32,7 @@ pub use candidacy::Candidacy;
 use crate::clock::{Clock, Timestamp};
 use crate::killer::Killer;
 use crate::lease::{LeaseDeadline, LocalLease, earliest, release_patience};
-use crate::lease_value::{self, RunningReport, ServiceStatus};
+use crate::lease_value::{self, Report, RunningReport};
 use crate::ops::Ops;
 use crate::store::{Candidates, HandOver, Record, Store, StoreError, Term};
 
@@ -440,8 +440,8 @@ struct Renewal {
     holder: String,
     /// The value last confirmed written: the holder, then with the running services.
     value: String,
-    /// The services running under this lease, written with each renewal.
-    running: watch::Receiver<Vec<ServiceStatus>>,
+    /// The services running under this lease (and those refused), written with each renewal.
+    running: watch::Receiver<Report>,
     lease: Duration,
     /// Start of the last successful write.
     last_start: Timestamp,

@@ -81,7 +81,10 @@ impl Elections {
                 // before the killer's 0.8·L. A write given up on may still land; only an answer
                 // moves the deadline.
                 // The services running now ride along with the renewal (`lease_value`).
-                let new = lease_value::encode(&r.holder, &r.running.borrow_and_update());
+                let new = {
+                    let report = r.running.borrow_and_update();
+                    lease_value::encode(&r.holder, &report.services, &report.rejected)
+                };
                 if new != r.value
                     && let Some(held) = self.lock().held.get_mut(&r.key)
                     && !held.values.contains(&new)

@@ -9,6 +9,8 @@
 //!   free (or expired) services; above it, it hands its surplus over gracefully (stop signal,
 //!   grace period, drop, then delete the claim, which wakes the others at once). A joining
 //!   host wakes the others too ([`crate::keys::ANNOUNCE_PREFIX`]), so they hand over at once.
+//!   The record's value also says what the host has loaded and refused (SPEC §13,
+//!   [`crate::lease_value::candidate`]), rewritten as soon as that changes, for `status`.
 //! - **One renewal.** Every `L/4` one store write renews every record whose value's holder
 //!   part is this host's ([`crate::store::TtlStore::renew_all`]), keeping each value as it
 //!   is. What it returns is what the host holds: its own memory of its claims is never
@@ -40,7 +42,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
@@ -49,6 +51,7 @@ use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::keys::member_key;
 use crate::killer::Killer;
 use crate::lease::{LocalLease, release_patience, renew_every};
+use crate::lease_value::Inventory;
 use crate::ops::Ops;
 use crate::problem::ProblemReporter;
 use crate::services::{FrontDoor, RunningServices, SeparateServices};
@@ -113,6 +116,8 @@ impl Spread {
     pub async fn run(self, shutdown: CancellationToken) {
         let mut host = Member {
             record_key: member_key(&self.config.holder),
+            inventory: self.services.inventory(),
+            published: None,
             s: self,
             claims: BTreeMap::new(),
             last_renewal: None,
@@ -157,6 +162,8 @@ impl Spread {
                 () = &mut released, if !released_already => {}
                 () = woken => {}
                 () = tokio::time::sleep(wait) => {}
+                // A double's set never changes (its sender is gone): no branch then.
+                Ok(()) = host.inventory.changed() => {}
             }
         }
         let ops = host.s.ops.clone();
@@ -194,6 +201,11 @@ struct Member {
     s: Spread,
     /// Our membership record's key (`member/<holder>`).
     record_key: String,
+    /// What this host has loaded and refused: the membership record's value carries it
+    /// ([`crate::lease_value::candidate`]), rewritten when it changes.
+    inventory: watch::Receiver<Inventory>,
+    /// The membership record's value as we last wrote it, if we know it.
+    published: Option<String>,
     /// By service name.
     claims: BTreeMap<String, Claim>,
     /// Start of the last renewal round.
@@ -290,12 +302,12 @@ impl Member {
     async fn leave(mut self) {
         tracing::info!("leaving the group");
         let lease = self.lease();
-        let delete = self
-            .s
-            .store
-            .compare_and_delete(&self.record_key, self.holder());
-        if let Ok(Err(e)) = tokio::time::timeout(release_patience(lease), delete).await {
-            tracing::warn!(error = %e, "deleting the membership failed; it will expire");
+        match tokio::time::timeout(release_patience(lease), self.delete_membership()).await {
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "deleting the membership failed; it will expire");
+            }
+            Err(_) => tracing::warn!("deleting the membership timed out; it will expire"),
+            Ok(Ok(())) => {}
         }
         if let Some(membership) = &self.membership {
             membership.pull_in(self.s.clock.now());

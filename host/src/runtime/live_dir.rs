@@ -54,6 +54,63 @@ pub(crate) struct Sources {
     pub registry: RegistryOptions,
 }
 
+/// The services whose latest version (a file, or what a registry source gave) was refused,
+/// by name: what was refused, so that the same is not looked at again, and why. The first load
+/// and the follower keep it; the host publishes it with what it has loaded (SPEC §13,
+/// [`crate::lease_value::Loaded::rejected`]). Cheap to clone.
+#[derive(Clone, Debug)]
+pub(crate) struct Rejections(Arc<watch::Sender<BTreeMap<String, Refusal>>>);
+
+/// A receiver of [`Rejections`].
+pub(crate) type Refusals = watch::Receiver<BTreeMap<String, Refusal>>;
+
+/// One refused version of a service, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Refusal {
+    /// The version refused (the SHA-256 of a file's bytes), or what stands for it when there
+    /// were no bytes to hash (a source's reference, an unreadable file's stamp).
+    version: String,
+    /// The load error, naming the file or the source and the reason.
+    pub reason: String,
+}
+
+impl Rejections {
+    pub(crate) fn new() -> Self {
+        Self(Arc::new(watch::channel(BTreeMap::new()).0))
+    }
+
+    /// `name`'s `version` was refused for `reason`.
+    pub(crate) fn refuse(&self, name: &str, version: String, reason: String) {
+        let refusal = Refusal { version, reason };
+        self.0.send_if_modified(|now| {
+            now.insert(name.to_owned(), refusal.clone()).as_ref() != Some(&refusal)
+        });
+    }
+
+    /// `name`'s latest version is no longer refused: it loaded, or it is gone.
+    pub(crate) fn clear(&self, name: &str) {
+        self.0.send_if_modified(|now| now.remove(name).is_some());
+    }
+
+    /// Whether `version` of `name` is the one last refused.
+    fn refused(&self, name: &str, version: &str) -> bool {
+        self.0
+            .borrow()
+            .get(name)
+            .is_some_and(|r| r.version == version)
+    }
+
+    /// Whether `name`'s latest version was refused.
+    fn contains(&self, name: &str) -> bool {
+        self.0.borrow().contains_key(name)
+    }
+
+    /// A receiver of the refusals, now and at every change.
+    pub(crate) fn subscribe(&self) -> Refusals {
+        self.0.subscribe()
+    }
+}
+
 /// How often the follower checks that the services path still names the directory it watches.
 const RECHECK: Duration = Duration::from_secs(1);
 /// Loading a component at least this large logs that it started, and then how long it took.
@@ -79,12 +136,12 @@ impl LiveDir {
     ///
     /// # Errors
     /// When the directory cannot be watched or the thread cannot be started.
-    /// `rejected` holds the versions of files already rejected (by the first load), by name:
-    /// looking at them again says nothing new.
+    /// `rejected` holds the versions already refused (by the first load), by name: looking
+    /// at them again says nothing new.
     pub(crate) fn start(
         rt: Arc<Runtime>,
         catalogue: Arc<watch::Sender<Catalogue>>,
-        rejected: BTreeMap<String, String>,
+        rejected: Rejections,
         mut sources: watch::Receiver<Sources>,
     ) -> Result<Self, RuntimeError> {
         let dir = rt.config.services_dir.clone();
@@ -200,8 +257,8 @@ struct Follower {
     dir: PathBuf,
     rt: Arc<Runtime>,
     catalogue: Arc<watch::Sender<Catalogue>>,
-    /// The version of each file last rejected, by service name.
-    rejected: BTreeMap<String, String>,
+    /// The versions last refused, by service name.
+    rejected: Rejections,
     stop: Arc<AtomicBool>,
     clock: SystemClock,
     /// The registry sources as the settings have them now (SPEC §13).
@@ -366,6 +423,7 @@ impl Follower {
                 .is_some_and(|old| old.version == file.version() && old.source == file.source);
             if unchanged {
                 tracing::debug!(service = name, source = %source, "service source unchanged");
+                self.rejected.clear(name);
                 self.rt.ops.service_rejected(name, false);
                 continue;
             }
@@ -390,7 +448,7 @@ impl Follower {
                 // Never loaded (its pulls were refused): its series go.
                 None => self.rt.ops.service_removed(name),
             }
-            self.rejected.remove(name);
+            self.rejected.clear(name);
             // Its file, if there is one, is the service now.
             debouncer.note_all(std::iter::once(name.as_str()), self.clock.now());
         }
@@ -421,17 +479,17 @@ impl Follower {
                         c.remove(name);
                     });
                     self.rt.ops.service_removed(name);
-                } else if self.rejected.contains_key(name) {
+                } else if self.rejected.contains(name) {
                     // A file that never loaded is gone: its `vvm_service_rejected` goes too.
                     self.rt.ops.service_removed(name);
                 }
-                self.rejected.remove(name);
+                self.rejected.clear(name);
                 return;
             }
         };
         let version = file.version();
         if current.as_ref().is_some_and(|old| old.version == version)
-            || self.rejected.get(name) == Some(&version)
+            || self.rejected.refused(name, &version)
         {
             tracing::debug!(service = name, version, "service file unchanged");
             return;
@@ -461,7 +519,7 @@ impl Follower {
         }
         match loaded {
             Ok(loaded) => {
-                self.rejected.remove(name);
+                self.rejected.clear(name);
                 let version = loaded.version.clone();
                 // Logged first: the leader's services follow the catalogue at once.
                 match current {
@@ -496,7 +554,7 @@ impl Follower {
     /// Logs that `name`'s file (`version`) was rejected for `error`; the old version, if any
     /// (`current`), runs on. The same version is not looked at again.
     fn reject(&mut self, name: &str, version: String, error: &LoadError, current: Option<&Loaded>) {
-        self.rejected.insert(name.to_owned(), version);
+        self.rejected.refuse(name, version, error.to_string());
         self.rt.ops.service_rejected(name, true);
         // The error names the file and the reason.
         tracing::error!(

@@ -14,13 +14,13 @@ use super::component::{self, Compiler, LoadError, LoadStats, Loaded, ServiceFile
 use super::engine::Runtime;
 use super::http::{HttpServer, RequestSandboxes};
 use super::imports;
-use super::live_dir::{Catalogue, LiveDir, Sources};
+use super::live_dir::{Catalogue, LiveDir, Refusals, Rejections, Sources};
 use super::progress::Progress;
 use super::reconcile;
 use super::{Grants, RuntimeConfig, RuntimeError};
 use crate::interfaces::incoming;
 use crate::lease::LeaseDeadline;
-use crate::lease_value::Versions;
+use crate::lease_value::Inventory;
 use crate::ops::Ops;
 use crate::services::{
     FrontDoor, RunningServices, SeparateServices, ServiceContext, ServiceError, Services,
@@ -39,8 +39,8 @@ pub struct WasmServices {
     stats: LoadStats,
     /// Follows the directory once started; dropped (and its thread joined) with `self`.
     live: Mutex<Option<LiveDir>>,
-    /// The version of each file the load rejected, by service name.
-    rejected: BTreeMap<String, String>,
+    /// The versions refused, by service name, with why.
+    rejected: Rejections,
     /// The registry sources of the settings (SPEC §13); the live directory follows them.
     sources: watch::Sender<Sources>,
 }
@@ -95,7 +95,7 @@ impl WasmServices {
             stats: LoadStats::default(),
         };
         let mut services = Catalogue::new();
-        let mut rejected = BTreeMap::new();
+        let rejected = Rejections::new();
         let mut errors = Vec::new();
         let files = without_sourced(files, &config.sources);
         let progress = Progress::new(files.len() + config.sources.len());
@@ -122,11 +122,12 @@ impl WasmServices {
                 Job::File(path) => ServiceFile::read(path),
                 Job::Source(name, source) => ServiceFile::pull(name, source, &puller),
             };
-            match file.and_then(|file| {
-                compiler.load(&file).inspect_err(|_| {
-                    rejected.insert(file.name.clone(), file.version());
-                })
-            }) {
+            let mut version = String::new();
+            let loaded = file.and_then(|file| {
+                version = file.version();
+                compiler.load(&file)
+            });
+            match loaded {
                 Ok(loaded) => {
                     let compiled = compiler.stats.compiled > compiled_before;
                     let duration_ms = step.elapsed_ms();
@@ -142,6 +143,7 @@ impl WasmServices {
                     progress
                         .suspend(|| tracing::error!(service = name, error = %e, duration_ms, "service rejected"));
                     ops.service_rejected(&name, true);
+                    rejected.refuse(&name, version, e.to_string());
                     errors.push(e);
                 }
             }
@@ -219,6 +221,39 @@ impl WasmServices {
             )?);
         }
         Ok(())
+    }
+
+    /// What this host has loaded and refused ([`Services::inventory`]): follows the catalogue
+    /// and the refusals in a task of its own, which ends once the receiver is dropped.
+    fn follow_inventory(&self) -> watch::Receiver<Inventory> {
+        fn now(catalogue: &mut watch::Receiver<Catalogue>, refusals: &mut Refusals) -> Inventory {
+            Inventory {
+                versions: (catalogue.borrow_and_update().values())
+                    .map(|s| (s.name.clone(), s.version.clone()))
+                    .collect(),
+                rejected: (refusals.borrow_and_update().iter())
+                    .map(|(name, r)| (name.clone(), r.reason.clone()))
+                    .collect(),
+            }
+        }
+        let (mut catalogue, mut refusals) = (self.catalogue.subscribe(), self.rejected.subscribe());
+        let (tx, rx) = watch::channel(now(&mut catalogue, &mut refusals));
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = tx.closed() => return,
+                    changed = catalogue.changed() => if changed.is_err() { return },
+                    changed = refusals.changed() => if changed.is_err() { return },
+                }
+                let loaded = now(&mut catalogue, &mut refusals);
+                tx.send_if_modified(|was| {
+                    let changed = *was != loaded;
+                    *was = loaded;
+                    changed
+                });
+            }
+        });
+        rx
     }
 
     /// Replaces every service's grants (a re-read configuration file): each service gets
@@ -308,31 +343,8 @@ impl Services for WasmServices {
         Ok(reconcile::start(rt, http, self.catalogue.subscribe(), ctx, None).await)
     }
 
-    /// Follows the catalogue in a task of its own, which ends once the receiver is dropped.
-    fn versions(&self) -> watch::Receiver<Versions> {
-        let versions_of = |catalogue: &Catalogue| -> Versions {
-            let versions = catalogue
-                .values()
-                .map(|s| (s.name.clone(), s.version.clone()));
-            versions.collect()
-        };
-        let mut catalogue = self.catalogue.subscribe();
-        let (tx, rx) = watch::channel(versions_of(&catalogue.borrow_and_update()));
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    () = tx.closed() => return,
-                    changed = catalogue.changed() => if changed.is_err() { return },
-                }
-                let now = versions_of(&catalogue.borrow_and_update());
-                tx.send_if_modified(|versions| {
-                    let changed = *versions != now;
-                    *versions = now;
-                    changed
-                });
-            }
-        });
-        rx
+    fn inventory(&self) -> watch::Receiver<Inventory> {
+        self.follow_inventory()
     }
 }
 
@@ -340,6 +352,10 @@ impl Services for WasmServices {
 impl SeparateServices for WasmServices {
     fn names(&self) -> Vec<String> {
         self.catalogue.borrow().keys().cloned().collect()
+    }
+
+    fn inventory(&self) -> watch::Receiver<Inventory> {
+        self.follow_inventory()
     }
 
     fn open_door(&self, membership: LeaseDeadline) -> Option<Box<dyn FrontDoor>> {

@@ -18,7 +18,7 @@ use std::collections::BTreeSet;
 
 use tokio::sync::watch;
 
-use crate::lease_value::{self, Versions};
+use crate::lease_value::{self, Inventory, Versions};
 use crate::ops::Ops;
 use crate::store::{Record, Term};
 
@@ -67,7 +67,7 @@ pub(super) fn differences(theirs: &Versions, ours: &Versions) -> Vec<Difference>
 
 /// The last leader's set this host saw, and what it made of it.
 pub(super) struct Agreement {
-    ours: watch::Receiver<Versions>,
+    ours: watch::Receiver<Inventory>,
     require_same: bool,
     ops: Ops,
     /// The last leader seen: its holder, term and versions.
@@ -79,7 +79,7 @@ pub(super) struct Agreement {
 impl Agreement {
     /// Compares `ours` with each leader seen; refuses to campaign while they differ if
     /// `require_same`. Reports to `ops`.
-    pub(super) fn new(ours: watch::Receiver<Versions>, require_same: bool, ops: Ops) -> Self {
+    pub(super) fn new(ours: watch::Receiver<Inventory>, require_same: bool, ops: Ops) -> Self {
         Self {
             ours,
             require_same,
@@ -104,7 +104,7 @@ impl Agreement {
         let Some((holder, term, theirs)) = &self.leader else {
             return;
         };
-        let now = differences(theirs, &self.ours.borrow());
+        let now = differences(theirs, &self.ours.borrow().versions);
         if now == self.said {
             return;
         }
@@ -163,7 +163,7 @@ impl Agreement {
     /// the previous term ran (as last seen), and clears what a standby reports.
     pub(super) fn took_over(&mut self, term: Term) {
         if let Some((holder, previous, theirs)) = &self.leader {
-            for d in differences(theirs, &self.ours.borrow()) {
+            for d in differences(theirs, &self.ours.borrow().versions) {
                 tracing::warn!(
                     service = d.service,
                     previous_term = previous,
@@ -197,6 +197,13 @@ mod tests {
             .collect()
     }
 
+    fn loaded(pairs: &[(&str, &str)]) -> Inventory {
+        Inventory {
+            versions: versions(pairs),
+            ..Inventory::default()
+        }
+    }
+
     fn record(value: String, term: Term) -> Record {
         Record {
             value,
@@ -211,7 +218,7 @@ mod tests {
             .iter()
             .map(|(n, v)| lease_value::ServiceStatus::running(n, v, 1))
             .collect();
-        lease_value::encode("a/1/ee", &services)
+        lease_value::encode("a/1/ee", &services, &lease_value::Rejected::new())
     }
 
     /// A service only one side has, and one whose versions differ, are differences; the
@@ -239,7 +246,7 @@ mod tests {
     fn require_same_services_refuses_while_the_sets_differ_and_no_longer() {
         let ops = Ops::new(Arc::new(ManualClock::default()));
         let theirs = versions(&[("hello", "0c9766887530")]);
-        let (tx, rx) = watch::channel(versions(&[("hello", "11def412bec5")]));
+        let (tx, rx) = watch::channel(loaded(&[("hello", "11def412bec5")]));
         let mut agreement = Agreement::new(rx.clone(), true, ops.clone());
         assert_eq!(
             agreement.refusal(),
@@ -252,13 +259,13 @@ mod tests {
         assert_eq!(ops.health().refusal(), Some(reason));
         agreement.saw(&record("a/1/ee".to_owned(), 1));
         assert!(agreement.refusal().is_some(), "a bare holder says nothing");
-        tx.send_replace(theirs.clone());
+        tx.send_replace(loaded(&[("hello", "0c9766887530")]));
         agreement.check();
         assert_eq!(agreement.refusal(), None);
         assert_eq!(ops.health().refusal(), None);
 
         let mut lenient = Agreement::new(rx, false, ops.clone());
-        tx.send_replace(versions(&[("hello", "11def412bec5")]));
+        tx.send_replace(loaded(&[("hello", "11def412bec5")]));
         lenient.saw(&record(leader_with(&theirs), 1));
         assert_eq!(lenient.refusal(), None);
         assert_eq!(ops.health().refusal(), None);

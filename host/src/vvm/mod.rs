@@ -270,16 +270,19 @@ impl Launcher {
         // While campaigning, a leader that releases its slot may hand it to us in the same
         // write; we then find our holder in the record and take it over by reading it. The
         // record says which services we have loaded (SPEC §13).
-        let versions = self.vvm.services.versions();
+        let inventory = self.vvm.services.inventory();
         let candidacy = self.elections.stand(
             &format!("{CANDIDATE_PREFIX}{}", config.holder),
             &config.holder,
-            versions.clone(),
+            inventory.clone(),
             self.vvm.store.candidacy_ttl(config.lease),
             config.lease,
         );
-        let mut agreement =
-            Agreement::new(versions, config.require_same_services, self.vvm.ops.clone());
+        let mut agreement = Agreement::new(
+            inventory,
+            config.require_same_services,
+            self.vvm.ops.clone(),
+        );
         // Shutdown may come while a store call hangs: stop campaigning at once. An insert
         // dropped mid-write is remembered by the elections, whose cleanup deletes it.
         let campaign = tokio::select! {
@@ -333,6 +336,20 @@ impl Launcher {
             stopping.clone(),
             monitor_stop.clone(),
         ));
+        // The services this host refused ride along with the renewals, beside the running
+        // ones, until the leadership ends (SPEC §13).
+        let report = leadership.running_report();
+        let mut inventory = services.inventory();
+        let led = leadership.clone();
+        tokio::spawn(async move {
+            loop {
+                report.set_rejected(inventory.borrow_and_update().rejected.clone());
+                tokio::select! {
+                    () = led.lost() => return,
+                    changed = inventory.changed() => if changed.is_err() { return },
+                }
+            }
+        });
         let ctx = ServiceContext {
             lease: LeaseInfo {
                 slot,

@@ -730,7 +730,10 @@ async fn renewals_carry_the_running_services_and_release_deletes_the_record() {
     lead.running_report().set(running("ticker", 7));
     sleep(L / 4 + Duration::from_millis(1)).await;
     let record = f.store.inner.get(KEY).await.unwrap().unwrap();
-    assert_eq!(record.value, lease_value::encode(ME, &running("ticker", 7)));
+    assert_eq!(
+        record.value,
+        lease_value::encode(ME, &running("ticker", 7), &lease_value::Rejected::new())
+    );
     assert_eq!(lease_value::holder(&record.value), ME);
     assert_eq!(lease_value::services(&record.value), running("ticker", 7));
     assert_eq!(f.store.calls_of(Op::Cas).len(), 1, "one write per renewal");

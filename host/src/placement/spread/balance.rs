@@ -1,5 +1,6 @@
-//! A host's fair share under spread placement: join the group (membership record, wake-up),
-//! then claim free services up to the share and hand the surplus over.
+//! A host's fair share under spread placement: join the group (membership record, wake-up,
+//! what this host has loaded published in it), then claim free services up to the share and
+//! hand the surplus over.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -9,6 +10,7 @@ use super::{Member, Phase};
 use crate::clock::Timestamp;
 use crate::keys::{ANNOUNCE_PREFIX, MEMBER_PREFIX, SERVICE_PREFIX};
 use crate::lease::{LocalLease, attempt_patience};
+use crate::lease_value;
 
 use crate::store::{Record, Store, StoreError};
 
@@ -20,22 +22,94 @@ impl Member {
         }
         let lease = self.lease();
         let start = self.s.clock.now();
+        let value = self.membership_value();
         let insert = self
             .s
             .store
-            .insert_if_absent(&self.record_key, self.holder(), lease);
+            .insert_if_absent(&self.record_key, &value, lease);
         match tokio::time::timeout(attempt_patience(lease), insert).await {
             // Holder values are unique: a live record under our key is ours.
             Ok(Ok(inserted)) => {
                 self.record_known = true;
                 self.membership_written(start);
                 tracing::info!(member = self.record_key, "joined");
+                // One found live (a renewal's answer lost) may carry an older set.
+                self.published = inserted.is_some().then_some(value);
                 if inserted.is_some() {
                     announce(&*self.s.store, self.holder(), lease).await;
                 }
             }
             Ok(Err(e)) => tracing::warn!(error = %e, "joining failed; will retry"),
             Err(_) => tracing::warn!("joining timed out; will retry"),
+        }
+    }
+
+    /// Our membership record's value now: our holder, and what we have loaded and refused.
+    fn membership_value(&mut self) -> String {
+        lease_value::candidate(&self.s.config.holder, &self.inventory.borrow_and_update())
+    }
+
+    /// Rewrites our membership record when what we have loaded changed since we wrote it
+    /// (SPEC §13: every host publishes the versions it has). Its expiry is the renewals'
+    /// business; a write that fails is tried again next round.
+    pub(super) async fn publish(&mut self) {
+        if !self.record_known {
+            return;
+        }
+        let value = self.membership_value();
+        if self.published.as_ref() == Some(&value) {
+            return;
+        }
+        let lease = self.lease();
+        let (store, key, holder) = (&self.s.store, &self.record_key, &self.s.config.holder);
+        let published = self.published.clone();
+        let swap = async {
+            let old = match published {
+                Some(old) => old,
+                None => match store.get(key).await? {
+                    Some(r) if lease_value::holder(&r.value) == holder => r.value,
+                    // Gone: the next renewal says so, and we join again.
+                    _ => return Ok(false),
+                },
+            };
+            store.compare_and_swap(key, &old, &value, lease).await
+        };
+        match tokio::time::timeout(attempt_patience(lease), swap).await {
+            Ok(Ok(true)) => {
+                tracing::debug!(
+                    member = self.record_key,
+                    "published what this host has loaded"
+                );
+                self.published = Some(value);
+            }
+            Ok(Ok(false)) => self.published = None,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "publishing the services loaded failed; will retry");
+            }
+            Err(_) => tracing::debug!("publishing the services loaded timed out; will retry"),
+        }
+    }
+
+    /// Deletes our membership record, whatever set of ours it carries.
+    pub(super) fn delete_membership(
+        &self,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
+        let store = Arc::clone(&self.s.store);
+        let (key, holder) = (self.record_key.clone(), self.holder().to_owned());
+        let published = self.published.clone();
+        async move {
+            if let Some(value) = &published
+                && store.compare_and_delete(&key, value).await?
+            {
+                return Ok(());
+            }
+            match store.get(&key).await? {
+                Some(r) if lease_value::holder(&r.value) == holder => {
+                    store.compare_and_delete(&key, &r.value).await?;
+                    Ok(())
+                }
+                _ => Ok(()),
+            }
         }
     }
 
@@ -56,6 +130,7 @@ impl Member {
     /// Looks at the members and claims, then hands over surplus or claims free services.
     pub(super) async fn balance(&mut self) {
         self.join_if_needed().await;
+        self.publish().await;
         let Some((members, records)) = look(&*self.s.store, self.lease()).await else {
             return;
         };
@@ -92,7 +167,7 @@ impl Member {
         let next_expiry = records
             .iter()
             .chain(members.iter())
-            .filter(|(_, r)| r.value != self.holder())
+            .filter(|(_, r)| lease_value::holder(&r.value) != self.holder())
             .map(|(_, r)| r.time_left + Duration::from_millis(1))
             .min();
         self.next_expiry = next_expiry;
@@ -182,8 +257,8 @@ fn share_of(
     let counts: Vec<(String, usize)> = members
         .iter()
         .map(|(_, r)| {
-            let n = held_by.get(r.value.as_str()).copied().unwrap_or(0);
-            (r.value.clone(), n)
+            let holder = lease_value::holder(&r.value);
+            (holder.to_owned(), held_by.get(holder).copied().unwrap_or(0))
         })
         .collect();
     crate::placement::fair_share(services, &counts, holder)

@@ -7,14 +7,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::{Spread, SpreadConfig};
 use crate::clock::{Clock, TokioClock};
-use crate::keys::{MEMBER_PREFIX, SERVICE_PREFIX};
+use crate::keys::{MEMBER_PREFIX, SERVICE_PREFIX, member_key};
 use crate::killer::Killer;
 use crate::lease::LeaseDeadline;
+use crate::lease_value::{self, Inventory};
 use crate::ops::Ops;
 use crate::services::{FrontDoor, RunningServices, SeparateServices, ServiceContext, ServiceError};
 use crate::store::{MemStore, TtlStore};
@@ -111,12 +113,21 @@ struct Doubles {
     hangs: Option<String>,
     /// The host's holder value.
     holder: String,
+    /// What the host has loaded, if the test says.
+    inventory: Option<watch::Receiver<Inventory>>,
 }
 
 #[async_trait]
 impl SeparateServices for Doubles {
     fn names(&self) -> Vec<String> {
         self.names.clone()
+    }
+
+    fn inventory(&self) -> watch::Receiver<Inventory> {
+        match &self.inventory {
+            Some(inventory) => inventory.clone(),
+            None => watch::channel(Inventory::default()).1,
+        }
     }
 
     fn open_door(&self, membership: LeaseDeadline) -> Option<Box<dyn FrontDoor>> {
@@ -271,6 +282,8 @@ struct Group {
     store: MemStore,
     world: Arc<World>,
     names: Vec<String>,
+    /// What a host to join has loaded, by holder, where the test says (taken at its join).
+    inventory: Mutex<BTreeMap<String, watch::Receiver<Inventory>>>,
 }
 
 impl Group {
@@ -281,6 +294,7 @@ impl Group {
             clock,
             world: Arc::default(),
             names: (0..services).map(|i| format!("s{i}")).collect(),
+            inventory: Mutex::default(),
         }
     }
 
@@ -308,6 +322,7 @@ impl Group {
             fails: fails.map(str::to_owned),
             hangs: hangs.map(str::to_owned),
             holder: holder.to_owned(),
+            inventory: self.inventory.lock().unwrap().remove(holder),
         });
         let config = SpreadConfig {
             lease: L,
@@ -342,7 +357,8 @@ impl Group {
     /// The holders of the live records under `prefix`.
     async fn holders(&self, prefix: &str) -> Vec<String> {
         let records = self.store.list(prefix).await.unwrap();
-        records.into_iter().map(|(_, r)| r.value).collect()
+        let holders = records.iter().map(|(_, r)| lease_value::holder(&r.value));
+        holders.map(str::to_owned).collect()
     }
 }
 
@@ -390,6 +406,71 @@ async fn three_hosts_run_seven_services_once_each_3_2_2() {
         assert_eq!(record.term, ctx.lease.term);
         assert!(!ctx.deadline.has_passed(), "renewed");
     }
+    g.check();
+    for h in hosts {
+        leave(h).await;
+    }
+    assert!(
+        g.store.list("").await.unwrap().is_empty(),
+        "every record deleted"
+    );
+    g.check();
+}
+
+/// The value of `holder`'s membership record.
+async fn membership(g: &Group, holder: &str) -> String {
+    let record = g.store.get(&member_key(holder)).await.unwrap();
+    record.expect("a member").value
+}
+
+/// A member publishes what it has loaded and refused in its membership record (SPEC §13, for
+/// `status`), rewrites it at once when that changes (no renewal tick waited for), keeps it
+/// through its renewals, and deletes it when it leaves.
+#[tokio::test(start_paused = true)]
+async fn a_member_publishes_what_it_has_loaded_and_its_renewals_keep_it() {
+    let g = Group::new(2);
+    let loaded = |s0: &str, rejected: &[(&str, &str)]| Inventory {
+        versions: [("s0", s0), ("s1", "aaaaaaaaaaaa")]
+            .map(|(n, v)| (n.to_owned(), v.to_owned()))
+            .into(),
+        rejected: (rejected.iter())
+            .map(|(n, r)| ((*n).to_owned(), (*r).to_owned()))
+            .collect(),
+    };
+    let (tx, rx) = watch::channel(loaded("0c9766887530", &[]));
+    g.inventory.lock().unwrap().insert("a".to_owned(), rx);
+    let hosts = [g.join("a"), g.join("b")];
+    tokio::time::sleep(L).await;
+    let value = membership(&g, "a").await;
+    assert_eq!(lease_value::holder(&value), "a");
+    assert_eq!(
+        lease_value::versions(&value),
+        Some(loaded("0c9766887530", &[]).versions)
+    );
+    assert_eq!(
+        membership(&g, "b").await,
+        "b",
+        "nothing to say: the bare holder"
+    );
+    assert_eq!(g.world.counts(), [1, 1]);
+
+    let now = loaded(
+        "11def412bec5",
+        &[("s2", "services/s2.wasm: not a component")],
+    );
+    tx.send_replace(now.clone());
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let value = membership(&g, "a").await;
+    assert_eq!(
+        lease_value::versions(&value),
+        Some(now.versions.clone()),
+        "{value}"
+    );
+    assert_eq!(lease_value::rejected(&value), now.rejected);
+    tokio::time::sleep(L * 3).await;
+    assert_eq!(membership(&g, "a").await, value, "renewals keep the value");
+    assert!(g.world.each_once(&g.names));
+    assert_eq!(g.world.counts(), [1, 1], "nothing moved");
     g.check();
     for h in hosts {
         leave(h).await;
