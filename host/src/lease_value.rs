@@ -343,6 +343,50 @@ fn parse(fields: &[Value]) -> Option<ServiceStatus> {
     Some(status)
 }
 
+/// One service whose version on this host is not another host's (the leader's, or another
+/// spread member's).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Difference {
+    /// The service's name.
+    pub service: String,
+    /// The other host's version, or `None` if it has no such service.
+    pub theirs: Option<String>,
+    /// Ours, or `None` if we have no such service.
+    pub ours: Option<String>,
+}
+
+impl std::fmt::Display for Difference {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: {} there, {} here",
+            self.service,
+            sha(self.theirs.as_deref()),
+            sha(self.ours.as_deref())
+        )
+    }
+}
+
+/// A version as operators see it: `sha256:` and the 12 hex digits the records carry, or
+/// `none` for a service a host does not have.
+pub fn sha(version: Option<&str>) -> String {
+    version.map_or_else(|| "none".to_owned(), |v| format!("sha256:{v}…"))
+}
+
+/// The services whose version differs between `theirs` and `ours`, by name.
+pub fn differences(theirs: &Versions, ours: &Versions) -> Vec<Difference> {
+    let names: std::collections::BTreeSet<&String> = theirs.keys().chain(ours.keys()).collect();
+    names
+        .into_iter()
+        .filter(|name| theirs.get(*name) != ours.get(*name))
+        .map(|name| Difference {
+            service: name.clone(),
+            theirs: theirs.get(name).cloned(),
+            ours: ours.get(name).cloned(),
+        })
+        .collect()
+}
+
 /// What one leadership's lease record says of the host's services ([`encode`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Report {
@@ -457,6 +501,26 @@ mod tests {
             versions: versions.clone(),
             rejected: Rejected::new(),
         }
+    }
+
+    /// A service only one side has, and one whose versions differ, are differences; the
+    /// same version on both sides is none.
+    #[test]
+    fn differences_name_each_service_whose_version_is_not_the_same() {
+        let set = |pairs: [(&str, &str); 2]| -> Versions {
+            pairs.map(|(n, v)| (n.to_owned(), v.to_owned())).into()
+        };
+        let theirs = set([("hello", "0c9766887530"), ("gone", "aaaaaaaaaaaa")]);
+        let ours = set([("hello", "11def412bec5"), ("new", "bbbbbbbbbbbb")]);
+        let d = differences(&theirs, &ours);
+        let names: Vec<&str> = d.iter().map(|d| d.service.as_str()).collect();
+        assert_eq!(names, ["gone", "hello", "new"]);
+        assert_eq!(
+            d[1].to_string(),
+            "hello: sha256:0c9766887530… there, sha256:11def412bec5… here"
+        );
+        assert_eq!(d[2].theirs, None);
+        assert!(differences(&ours, &ours).is_empty());
     }
 
     /// A refused service rides in a candidacy's object and after a lease's services, with

@@ -219,14 +219,17 @@ fn a_refused_service_shows_in_status_for_the_leader_and_a_standby_until_its_file
 
 /// Under spread placement each member's record says what it has loaded and refused: `status`
 /// lists both members with their versions, flags the service they differ in and the one a
-/// member refused; once the member's files are the other's, its record says so at once.
+/// member refused, and each member's `/metrics` flags the service; once the member's files
+/// are the other's, its record says so at once, and the flag goes.
 #[test]
 fn spread_members_publish_their_versions_and_refusals_and_status_compares_them() {
     let dir = two_directories();
     std::fs::write(dir.path().join("b/broken.wasm"), "not a component").unwrap();
+    let metrics = free_addr().to_string();
     let spread = ["--placement", "spread"];
     let mut a = serve("a", dir.path(), &spread);
-    let mut b = serve("b", dir.path(), &spread);
+    let with_metrics = [&spread[..], &["--metrics-addr", &metrics]].concat();
+    let mut b = serve("b", dir.path(), &with_metrics);
     for host in [&mut a, &mut b] {
         host.wait_for(&["joined"]);
     }
@@ -256,6 +259,10 @@ fn spread_members_publish_their_versions_and_refusals_and_status_compares_them()
     let table = String::from_utf8_lossy(&table.stdout);
     assert!(table.contains("DIFFERS  hello:"), "{table}");
     assert!(table.contains("REJECTED broken on "), "{table}");
+    b.wait_for(&["this host's services differ from another member's", "hello"]);
+    let differs = "vvm_service_differs_from_leader{service=hello}";
+    let m = crate::ops::metrics(&format!("http://{metrics}"));
+    assert_eq!(m.get(differs), Some(&1.0), "{m:?}");
 
     let b_dir = dir.path().join("b");
     std::fs::copy(dir.path().join("a/hello.wasm"), b_dir.join(".hello.tmp")).unwrap();
@@ -275,6 +282,9 @@ fn spread_members_publish_their_versions_and_refusals_and_status_compares_them()
         members(&status)[0]["services"],
         members(&status)[1]["services"]
     );
+    b.wait_for(&["this host's services are the other members' again"]);
+    let m = crate::ops::metrics(&format!("http://{metrics}"));
+    assert_eq!(m.get(differs), Some(&0.0), "{m:?}");
     crate::incoming_http::stop(b);
     crate::incoming_http::stop(a);
 }

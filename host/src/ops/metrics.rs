@@ -113,7 +113,8 @@ impl Metrics {
         r.register(
             "vvm_service_differs_from_leader",
             "1 while this standby's version of a service differs from the one the leader runs \
-             (or only one of them has it), else 0",
+             (or only one of them has it), or under spread placement from some other \
+             member's, else 0",
             self.service_differs.clone(),
         );
         r.register(

@@ -118,6 +118,7 @@ impl Spread {
             record_key: member_key(&self.config.holder),
             inventory: self.services.inventory(),
             published: None,
+            differences: Vec::new(),
             s: self,
             claims: BTreeMap::new(),
             last_renewal: None,
@@ -206,6 +207,8 @@ struct Member {
     inventory: watch::Receiver<Inventory>,
     /// The membership record's value as we last wrote it, if we know it.
     published: Option<String>,
+    /// How our versions differ from the other members', as last said (service, described).
+    differences: Vec<(String, String)>,
     /// By service name.
     claims: BTreeMap<String, Claim>,
     /// Start of the last renewal round.

@@ -14,56 +14,11 @@
 //!
 //! Only the campaign's task uses it; nothing here waits or writes.
 
-use std::collections::BTreeSet;
-
 use tokio::sync::watch;
 
-use crate::lease_value::{self, Inventory, Versions};
+use crate::lease_value::{self, Difference, Inventory, Versions, differences, sha};
 use crate::ops::Ops;
 use crate::store::{Record, Term};
-
-/// One service whose version here is not the leader's.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct Difference {
-    /// The service's name.
-    pub service: String,
-    /// The leader's version, or `None` if it has no such service.
-    pub theirs: Option<String>,
-    /// Ours, or `None` if we have no such service.
-    pub ours: Option<String>,
-}
-
-impl std::fmt::Display for Difference {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{}: {} there, {} here",
-            self.service,
-            sha(self.theirs.as_deref()),
-            sha(self.ours.as_deref())
-        )
-    }
-}
-
-/// A version as operators see it: `sha256:` and the 12 hex digits the records carry, or
-/// `none` for a service a host does not have.
-fn sha(version: Option<&str>) -> String {
-    version.map_or_else(|| "none".to_owned(), |v| format!("sha256:{v}…"))
-}
-
-/// The services whose version differs between `theirs` and `ours`, by name.
-pub(super) fn differences(theirs: &Versions, ours: &Versions) -> Vec<Difference> {
-    let names: BTreeSet<&String> = theirs.keys().chain(ours.keys()).collect();
-    names
-        .into_iter()
-        .filter(|name| theirs.get(*name) != ours.get(*name))
-        .map(|name| Difference {
-            service: name.clone(),
-            theirs: theirs.get(name).cloned(),
-            ours: ours.get(name).cloned(),
-        })
-        .collect()
-}
 
 /// The last leader's set this host saw, and what it made of it.
 pub(super) struct Agreement {
@@ -219,23 +174,6 @@ mod tests {
             .map(|(n, v)| lease_value::ServiceStatus::running(n, v, 1))
             .collect();
         lease_value::encode("a/1/ee", &services, &lease_value::Rejected::new())
-    }
-
-    /// A service only one side has, and one whose versions differ, are differences; the
-    /// same version on both sides is none.
-    #[test]
-    fn differences_name_each_service_whose_version_is_not_the_same() {
-        let theirs = versions(&[("hello", "0c9766887530"), ("gone", "aaaaaaaaaaaa")]);
-        let ours = versions(&[("hello", "11def412bec5"), ("new", "bbbbbbbbbbbb")]);
-        let d = differences(&theirs, &ours);
-        let names: Vec<&str> = d.iter().map(|d| d.service.as_str()).collect();
-        assert_eq!(names, ["gone", "hello", "new"]);
-        assert_eq!(
-            d[1].to_string(),
-            "hello: sha256:0c9766887530… there, sha256:11def412bec5… here"
-        );
-        assert_eq!(d[2].theirs, None);
-        assert!(differences(&ours, &ours).is_empty());
     }
 
     /// Under `require-same-services` a standby refuses (and `/healthz` says why) while its

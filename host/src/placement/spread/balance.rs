@@ -90,6 +90,50 @@ impl Member {
         }
     }
 
+    /// Compares the versions we have loaded with those every other member's record says it
+    /// has (SPEC §13): warns once per change of the differences, says once when they are
+    /// gone, and keeps `vvm_service_differs_from_leader{service}` at 1 for each service that
+    /// differs from some member's. A member whose record says nothing of its services (an
+    /// older version) is not compared.
+    fn compare(&mut self, members: &[(String, Record)]) {
+        let ours = self.inventory.borrow().versions.clone();
+        let mut now = Vec::new();
+        for (_, r) in members {
+            let holder = lease_value::holder(&r.value);
+            if holder == self.holder() {
+                continue;
+            }
+            let Some(theirs) = lease_value::versions(&r.value) else {
+                continue;
+            };
+            let differ = lease_value::differences(&theirs, &ours).into_iter();
+            now.extend(differ.map(|d| (d.service.clone(), format!("{d} (on {holder})"))));
+        }
+        now.sort();
+        if now == self.differences {
+            return;
+        }
+        let differ: BTreeSet<&String> = now.iter().map(|(service, _)| service).collect();
+        for (service, _) in &self.differences {
+            if !differ.contains(service) {
+                self.s.ops.service_differs(service, false);
+            }
+        }
+        for service in &differ {
+            self.s.ops.service_differs(service, true);
+        }
+        if now.is_empty() {
+            tracing::info!("this host's services are the other members' again");
+        } else {
+            let list: Vec<&str> = now.iter().map(|(_, d)| d.as_str()).collect();
+            tracing::warn!(
+                differences = list.join("; "),
+                "this host's services differ from another member's"
+            );
+        }
+        self.differences = now;
+    }
+
     /// Deletes our membership record, whatever set of ours it carries.
     pub(super) fn delete_membership(
         &self,
@@ -134,6 +178,7 @@ impl Member {
         let Some((members, records)) = look(&*self.s.store, self.lease()).await else {
             return;
         };
+        self.compare(&members);
         let names = self.s.services.names();
         let share = share_of(names.len(), &members, &records, self.holder());
         let running: Vec<String> = self

@@ -284,6 +284,8 @@ struct Group {
     names: Vec<String>,
     /// What a host to join has loaded, by holder, where the test says (taken at its join).
     inventory: Mutex<BTreeMap<String, watch::Receiver<Inventory>>>,
+    /// Each host's metrics, by holder.
+    ops: Mutex<BTreeMap<String, Ops>>,
 }
 
 impl Group {
@@ -295,6 +297,7 @@ impl Group {
             world: Arc::default(),
             names: (0..services).map(|i| format!("s{i}")).collect(),
             inventory: Mutex::default(),
+            ops: Mutex::default(),
         }
     }
 
@@ -329,8 +332,13 @@ impl Group {
             holder: holder.to_owned(),
         };
         let stop = CancellationToken::new();
+        let ops = Ops::new(Arc::clone(&clock));
+        self.ops
+            .lock()
+            .unwrap()
+            .insert(holder.to_owned(), ops.clone());
         let run = tokio::spawn(
-            Spread::new(config, store, services, Ops::new(Arc::clone(&clock)))
+            Spread::new(config, store, services, ops)
                 .with_clock_and_killer(clock, Arc::clone(&killer))
                 .run(stop.clone()),
         );
@@ -479,6 +487,47 @@ async fn a_member_publishes_what_it_has_loaded_and_its_renewals_keep_it() {
         g.store.list("").await.unwrap().is_empty(),
         "every record deleted"
     );
+    g.check();
+}
+
+/// Members whose versions of a service differ each say so (log, and
+/// `vvm_service_differs_from_leader` at 1 for that service only) from their next look at the
+/// members, and no longer once they agree.
+#[tokio::test(start_paused = true)]
+async fn members_whose_versions_differ_say_so_until_they_agree() {
+    let g = Group::new(2);
+    let loaded = |s0: &str| Inventory {
+        versions: [("s0", s0), ("s1", "aaaaaaaaaaaa")]
+            .map(|(n, v)| (n.to_owned(), v.to_owned()))
+            .into(),
+        rejected: BTreeMap::new(),
+    };
+    let (a_tx, a_rx) = watch::channel(loaded("0c9766887530"));
+    let (b_tx, b_rx) = watch::channel(loaded("11def412bec5"));
+    g.inventory.lock().unwrap().insert("a".to_owned(), a_rx);
+    g.inventory.lock().unwrap().insert("b".to_owned(), b_rx);
+    let hosts = [g.join("a"), g.join("b")];
+    let gauge = |holder: &str, service: &str| -> Option<String> {
+        let text = g.ops.lock().unwrap()[holder].render();
+        let series = format!("vvm_service_differs_from_leader{{service=\"{service}\"}} ");
+        let line = text.lines().find(|l| l.starts_with(&series))?;
+        Some(line[series.len()..].to_owned())
+    };
+    tokio::time::sleep(L).await;
+    for holder in ["a", "b"] {
+        assert_eq!(gauge(holder, "s0").as_deref(), Some("1"), "{holder}");
+        assert_eq!(gauge(holder, "s1"), None, "{holder}: s1 is the same");
+    }
+    b_tx.send_replace(loaded("0c9766887530"));
+    tokio::time::sleep(L).await;
+    for holder in ["a", "b"] {
+        assert_eq!(gauge(holder, "s0").as_deref(), Some("0"), "{holder}");
+    }
+    drop(a_tx);
+    g.check();
+    for h in hosts {
+        leave(h).await;
+    }
     g.check();
 }
 
