@@ -738,34 +738,22 @@ pub(crate) async fn list_returns_the_live_records_under_a_prefix<B: Backend>(b: 
     assert!(s.list("member/").await.unwrap().is_empty());
 }
 
+/// Inserts `value` under `key` (absent) for `ttl`: its term.
+async fn inserted(s: &impl TtlStore, key: &str, value: &str, ttl: Duration) -> super::Term {
+    let term = s.insert_if_absent(key, value, ttl).await.unwrap();
+    term.unwrap_or_else(|| panic!("{key} was live already"))
+}
+
 pub(crate) async fn renew_all_renews_every_record_of_the_holder_and_no_other<B: Backend>(
     b: &mut B,
 ) {
     let clock = ManualClock::default();
     let s = b.open(&clock).await;
-    let tx = s
-        .insert_if_absent("service/x", "h", B::TTL)
-        .await
-        .unwrap()
-        .unwrap();
-    let ty = s
-        .insert_if_absent("service/y", "h", B::TTL)
-        .await
-        .unwrap()
-        .unwrap();
-    let tm = s
-        .insert_if_absent("member/h", "h", B::TTL)
-        .await
-        .unwrap()
-        .unwrap();
-    s.insert_if_absent("service/z", "other", B::TTL)
-        .await
-        .unwrap()
-        .unwrap();
-    s.insert_if_absent("slot/1", "h", B::TTL)
-        .await
-        .unwrap()
-        .unwrap();
+    let tx = inserted(&s, "service/x", "h", B::TTL).await;
+    let ty = inserted(&s, "service/y", "h", B::TTL).await;
+    let tm = inserted(&s, "member/h", "h", B::TTL).await;
+    inserted(&s, "service/z", "other", B::TTL).await;
+    inserted(&s, "slot/1", "h", B::TTL).await;
     b.advance(&clock, B::TTL.checked_sub(Duration::from_secs(2)).unwrap())
         .await;
     let renewed = s
@@ -823,26 +811,10 @@ pub(crate) async fn renew_all_renews_by_holder_and_keeps_each_value<B: Backend>(
     const MEMBER: &str = "h\n{\"loaded\":{\"a\":\"0123456789ab\"}}";
     let clock = ManualClock::default();
     let s = b.open(&clock).await;
-    let tm = s
-        .insert_if_absent("member/h", MEMBER, B::TTL)
-        .await
-        .unwrap()
-        .unwrap();
-    let tx = s
-        .insert_if_absent("service/x", "h", B::TTL)
-        .await
-        .unwrap()
-        .unwrap();
-    let ty = s
-        .insert_if_absent("service/y", "hx", B::TTL)
-        .await
-        .unwrap()
-        .unwrap();
-    let tz = s
-        .insert_if_absent("service/z", "hx\n[]", B::TTL)
-        .await
-        .unwrap()
-        .unwrap();
+    let tm = inserted(&s, "member/h", MEMBER, B::TTL).await;
+    let tx = inserted(&s, "service/x", "h", B::TTL).await;
+    let ty = inserted(&s, "service/y", "hx", B::TTL).await;
+    let tz = inserted(&s, "service/z", "hx\n[]", B::TTL).await;
     b.advance(&clock, B::TTL.checked_sub(Duration::from_secs(2)).unwrap())
         .await;
     assert_eq!(

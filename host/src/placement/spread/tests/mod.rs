@@ -370,6 +370,19 @@ impl Group {
     }
 }
 
+/// Every host of `hosts` leaves: no rule broken before or after, every record deleted.
+async fn all_leave(g: &Group, hosts: impl IntoIterator<Item = Member>) {
+    g.check();
+    for h in hosts {
+        leave(h).await;
+    }
+    assert!(
+        g.store.list("").await.unwrap().is_empty(),
+        "every record deleted"
+    );
+    g.check();
+}
+
 async fn leave(m: Member) {
     m.stop.cancel();
     m.run.await.unwrap();
@@ -414,15 +427,19 @@ async fn three_hosts_run_seven_services_once_each_3_2_2() {
         assert_eq!(record.term, ctx.lease.term);
         assert!(!ctx.deadline.has_passed(), "renewed");
     }
-    g.check();
-    for h in hosts {
-        leave(h).await;
+    all_leave(&g, hosts).await;
+}
+
+/// A host's inventory: `s0` at version `s0`, `s1` at one version always, and `rejected`.
+fn loaded(s0: &str, rejected: &[(&str, &str)]) -> Inventory {
+    Inventory {
+        versions: [("s0", s0), ("s1", "aaaaaaaaaaaa")]
+            .map(|(n, v)| (n.to_owned(), v.to_owned()))
+            .into(),
+        rejected: (rejected.iter())
+            .map(|(n, r)| ((*n).to_owned(), (*r).to_owned()))
+            .collect(),
     }
-    assert!(
-        g.store.list("").await.unwrap().is_empty(),
-        "every record deleted"
-    );
-    g.check();
 }
 
 /// The value of `holder`'s membership record.
@@ -437,14 +454,6 @@ async fn membership(g: &Group, holder: &str) -> String {
 #[tokio::test(start_paused = true)]
 async fn a_member_publishes_what_it_has_loaded_and_its_renewals_keep_it() {
     let g = Group::new(2);
-    let loaded = |s0: &str, rejected: &[(&str, &str)]| Inventory {
-        versions: [("s0", s0), ("s1", "aaaaaaaaaaaa")]
-            .map(|(n, v)| (n.to_owned(), v.to_owned()))
-            .into(),
-        rejected: (rejected.iter())
-            .map(|(n, r)| ((*n).to_owned(), (*r).to_owned()))
-            .collect(),
-    };
     let (tx, rx) = watch::channel(loaded("0c9766887530", &[]));
     g.inventory.lock().unwrap().insert("a".to_owned(), rx);
     let hosts = [g.join("a"), g.join("b")];
@@ -479,15 +488,7 @@ async fn a_member_publishes_what_it_has_loaded_and_its_renewals_keep_it() {
     assert_eq!(membership(&g, "a").await, value, "renewals keep the value");
     assert!(g.world.each_once(&g.names));
     assert_eq!(g.world.counts(), [1, 1], "nothing moved");
-    g.check();
-    for h in hosts {
-        leave(h).await;
-    }
-    assert!(
-        g.store.list("").await.unwrap().is_empty(),
-        "every record deleted"
-    );
-    g.check();
+    all_leave(&g, hosts).await;
 }
 
 /// Members whose versions of a service differ each say so (log, and
@@ -496,14 +497,8 @@ async fn a_member_publishes_what_it_has_loaded_and_its_renewals_keep_it() {
 #[tokio::test(start_paused = true)]
 async fn members_whose_versions_differ_say_so_until_they_agree() {
     let g = Group::new(2);
-    let loaded = |s0: &str| Inventory {
-        versions: [("s0", s0), ("s1", "aaaaaaaaaaaa")]
-            .map(|(n, v)| (n.to_owned(), v.to_owned()))
-            .into(),
-        rejected: BTreeMap::new(),
-    };
-    let (a_tx, a_rx) = watch::channel(loaded("0c9766887530"));
-    let (b_tx, b_rx) = watch::channel(loaded("11def412bec5"));
+    let (a_tx, a_rx) = watch::channel(loaded("0c9766887530", &[]));
+    let (b_tx, b_rx) = watch::channel(loaded("11def412bec5", &[]));
     g.inventory.lock().unwrap().insert("a".to_owned(), a_rx);
     g.inventory.lock().unwrap().insert("b".to_owned(), b_rx);
     let hosts = [g.join("a"), g.join("b")];
@@ -518,7 +513,7 @@ async fn members_whose_versions_differ_say_so_until_they_agree() {
         assert_eq!(gauge(holder, "s0").as_deref(), Some("1"), "{holder}");
         assert_eq!(gauge(holder, "s1"), None, "{holder}: s1 is the same");
     }
-    b_tx.send_replace(loaded("0c9766887530"));
+    b_tx.send_replace(loaded("0c9766887530", &[]));
     tokio::time::sleep(L).await;
     for holder in ["a", "b"] {
         assert_eq!(gauge(holder, "s0").as_deref(), Some("0"), "{holder}");
