@@ -32,7 +32,7 @@ pub struct RuntimeConfig {
     /// too few to give each that many (`handles`). Default [`config::DEFAULT_HANDLE_LIMIT`].
     pub handle_limit: u32,
     /// How often the epoch ticks: the longest a spinning guest runs before the host can
-    /// interrupt it. Default 1 ms.
+    /// interrupt it. Default 1 ms; a host's is [`epoch_tick`] of its lease.
     pub epoch_tick: Duration,
     /// Use wasmtime's pooling allocator (address space reserved up front for
     /// `max_instances`). Default false: for small guests on-demand allocation measured as
@@ -105,6 +105,7 @@ impl RuntimeConfig {
         config.incoming_http =
             IncomingLimits::default().with(settings.http_addr, settings.incoming_http);
         config.pooling = settings.http_addr.is_some();
+        config.epoch_tick = epoch_tick(settings.lease);
         config.http_share_dir.clone_from(&settings.lock_dir);
         config.registry = settings.registry.clone();
         for (name, grant) in &settings.grants {
@@ -116,6 +117,20 @@ impl RuntimeConfig {
         }
         Ok(config)
     }
+}
+
+/// How often the epoch ticks under a lease `lease` long: `L/50`, at least 1 ms and at most
+/// 10 ms.
+///
+/// The tick is how long a guest may run past its lease's deadline (or its request's timeout)
+/// before it is interrupted, and how long a background write it left may go on (SPEC §7): a
+/// fiftieth of `L` keeps that a tenth of the `0.2·L` between the deadline and the record's
+/// expiry. It is also how often every running guest yields its thread. Each tick wakes the
+/// ticker thread and every running guest, so ticking faster than that only costs: at 1 ms
+/// the wake-ups took a fifth of a hello's throughput on two cores (BENCHMARKS.md, "Instance
+/// reuse").
+pub fn epoch_tick(lease: Duration) -> Duration {
+    (lease / 50).clamp(Duration::from_millis(1), Duration::from_millis(10))
 }
 
 /// A memory cap in bytes as wasmtime takes it.

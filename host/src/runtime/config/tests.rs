@@ -66,3 +66,19 @@ fn a_grant_that_cannot_work_is_refused_with_its_reason() {
     .unwrap_err();
     assert!(e.to_string().contains(&*missing.to_string_lossy()), "{e}");
 }
+
+/// The epoch ticks at a fiftieth of the lease, so a guest is interrupted within a tenth of
+/// the margin between the deadline and the record's expiry; never faster than 1 ms, never
+/// slower than 10 ms.
+#[test]
+fn the_epoch_ticks_at_a_fiftieth_of_the_lease_from_1_to_10_ms() {
+    let ms = Duration::from_millis;
+    let ticks: Vec<Duration> = [ms(20), ms(100), ms(250), ms(500), ms(1000), ms(5000)]
+        .into_iter()
+        .map(epoch_tick)
+        .collect();
+    assert_eq!(ticks, [ms(1), ms(2), ms(5), ms(10), ms(10), ms(10)]);
+    for lease in [crate::config::MIN_LEASE, ms(1000), crate::config::MAX_LEASE] {
+        assert!(epoch_tick(lease) * 10 <= lease / 5, "{lease:?}");
+    }
+}
