@@ -19,13 +19,12 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use rustix::process::Signal;
 use testkit::guests;
 use testkit::host::Host;
-use testkit::registry::Registry;
+use testkit::registry::{self, Registry};
 
 const BIN: &str = env!("CARGO_BIN_EXE_vvm-host");
 /// Measured runs of each kind.
@@ -128,22 +127,8 @@ fn variant(python: &[u8], n: u32) -> Vec<u8> {
 fn push(bytes: &[u8], dir: &Path, addr: &str, repo_tag: &str) -> String {
     let file = dir.join("push.wasm");
     std::fs::write(&file, bytes).unwrap();
-    let out = Command::new(BIN)
-        .arg("push")
-        .arg(&file)
-        .args([
-            &format!("oci://{addr}/bench/{repo_tag}"),
-            "--insecure-registries",
-            addr,
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    let reference = format!("oci://{addr}/bench/{repo_tag}");
+    registry::pinned(registry::push(BIN, &file, &reference).args(["--insecure-registries", addr]))
 }
 
 fn write_config(dir: &Path, addr: &str, pinned: &str) {

@@ -10,6 +10,28 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// `bin push FILE REFERENCE` (`vvm-host push`), for the caller to add flags and environment
+/// to; [`pinned`] reads what it printed.
+pub fn push(bin: &str, file: &Path, reference: &str) -> Command {
+    let mut command = Command::new(bin);
+    command.arg("push").arg(file).arg(reference);
+    command
+}
+
+/// The pinned reference a [`push`] that must succeed printed.
+///
+/// # Panics
+/// When the push failed, with what it said.
+pub fn pinned(push: &mut Command) -> String {
+    let out = push.output().expect("vvm-host push runs");
+    assert!(
+        out.status.success(),
+        "{push:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
 /// A running registry; anonymous unless started with [`Registry::start_htpasswd`].
 pub struct Registry {
     child: Option<Child>,

@@ -12,7 +12,7 @@ use std::process::Command;
 use rustix::process::Signal;
 use testkit::guests;
 use testkit::host::Host;
-use testkit::registry::Registry;
+use testkit::registry::{self, Registry, pinned};
 
 use crate::BIN;
 use crate::incoming_http::{free_addr, get};
@@ -21,19 +21,8 @@ use crate::ops::{endpoint, metrics_until};
 
 /// `vvm-host push FILE REF --insecure-registries ADDR`: the pinned reference it prints.
 fn push(file: &Path, reference: &str, registry: &Registry) -> String {
-    let out = Command::new(BIN)
-        .args(["push"])
-        .arg(file)
-        .args([reference, "--insecure-registries", &registry.addr()])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    assert!(
-        out.status.success(),
-        "push {reference}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout.trim().to_owned()
+    let addr = registry.addr();
+    pinned(registry::push(BIN, file, reference).args(["--insecure-registries", &addr]))
 }
 
 /// The digest of a pinned reference.
@@ -332,27 +321,16 @@ fn credentials_from_docker_config_push_and_pull_and_are_never_logged() {
     let addr = locked.addr();
     let good = docker_config(dir.path(), &addr, "docker", &password);
     let reference = format!("oci://{addr}/e2e/private:v1");
-    let out = Command::new(BIN)
-        .env("DOCKER_CONFIG", &good)
-        .arg("push")
-        .arg(guests::guest("rust-http"))
-        .args([reference.as_str(), "--insecure-registries", &addr])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let pinned = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    let guest = guests::guest("rust-http");
+    let push = |docker_config: &Path| {
+        let mut push = registry::push(BIN, &guest, &reference);
+        push.env("DOCKER_CONFIG", docker_config)
+            .args(["--insecure-registries", &addr]);
+        push
+    };
+    let pinned = pinned(&mut push(&good));
     // Without credentials the push is refused, and says what to do.
-    let out = Command::new(BIN)
-        .env("DOCKER_CONFIG", dir.path().join("none"))
-        .arg("push")
-        .arg(guests::guest("rust-http"))
-        .args([reference.as_str(), "--insecure-registries", &addr])
-        .output()
-        .unwrap();
+    let out = push(&dir.path().join("none")).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && stderr.contains("refused access (401"),
@@ -472,20 +450,12 @@ fn a_private_registry_over_https_is_trusted_with_registry_ca_file_and_refused_wi
     let ca = registry.ca();
     let reference = format!("oci://{addr}/e2e/private:v1");
     // HTTPS by default: no insecure-registries, the CA file given.
-    let out = Command::new(BIN)
-        .arg("push")
-        .arg(guests::guest("rust-http"))
-        .arg(&reference)
-        .arg("--registry-ca-file")
-        .arg(&ca)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let guest = guests::guest("rust-http");
+    let pinned = pinned(
+        registry::push(BIN, &guest, &reference)
+            .arg("--registry-ca-file")
+            .arg(&ca),
     );
-    let pinned = String::from_utf8(out.stdout).unwrap().trim().to_owned();
     let tables = format!("[service.private]\nsource = \"{pinned}\"\n");
     let with_ca = format!(
         "registry-ca-file = {:?}\n{tables}",
