@@ -369,6 +369,15 @@ fn ask(addr: SocketAddr) -> Asked {
         .map_or(Asked::Other, Asked::Ok)
 }
 
+/// Sets its flag when dropped: on the way out of a scope, panicking or not.
+struct Done<'a>(&'a AtomicBool);
+
+impl Drop for Done<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
 /// How the leader is stopped in [`takeovers`].
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Stop {
@@ -397,6 +406,9 @@ fn takeovers(dir: &Path, how: Stop, rounds: usize) {
     let done = AtomicBool::new(false);
     let mut gaps = Vec::new();
     std::thread::scope(|s| {
+        // The clients end with the rounds, and also when a round fails: the scope joins
+        // them before the panic goes on, and they would ask forever.
+        let _done = Done(&done);
         for _ in 0..CLIENTS {
             s.spawn(|| {
                 while !done.load(Ordering::SeqCst) {
@@ -437,7 +449,6 @@ fn takeovers(dir: &Path, how: Stop, rounds: usize) {
             leader = std::mem::replace(&mut standby, serve(name, dir, addr, None));
             standby.wait_for(&["campaigning"]);
         }
-        done.store(true, Ordering::SeqCst);
     });
     gaps.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
