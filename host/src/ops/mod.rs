@@ -177,10 +177,17 @@ impl Ops {
         self.inner.metrics.service_state(service, state.name());
     }
 
-    /// Whether this standby's version of `service` `differs` from the one the leader runs
-    /// (`vvm_service_differs_from_leader`, SPEC §13).
-    pub fn service_differs(&self, service: &str, differs: bool) {
-        self.inner.metrics.service_differs(service, differs);
+    /// The services whose version here differs from another host's (a standby's from the
+    /// leader's, a spread member's from another member's) went from `was` to `now`
+    /// (`vvm_service_differs_from_leader`, SPEC §13): 1 for each of `now`, 0 for each of `was`
+    /// no longer among them.
+    pub fn services_differ(&self, was: &[&str], now: &[&str]) {
+        for service in was.iter().filter(|s| !now.contains(s)) {
+            self.inner.metrics.service_differs(service, false);
+        }
+        for service in now {
+            self.inner.metrics.service_differs(service, true);
+        }
     }
 
     /// A run of `service` failed.

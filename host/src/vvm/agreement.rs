@@ -63,14 +63,7 @@ impl Agreement {
         if now == self.said {
             return;
         }
-        for d in &self.said {
-            if !now.iter().any(|n| n.service == d.service) {
-                self.ops.service_differs(&d.service, false);
-            }
-        }
-        for d in &now {
-            self.ops.service_differs(&d.service, true);
-        }
+        self.ops.services_differ(&names(&self.said), &names(&now));
         if now.is_empty() {
             tracing::info!(
                 leader = holder,
@@ -131,11 +124,15 @@ impl Agreement {
                 );
             }
         }
-        for d in std::mem::take(&mut self.said) {
-            self.ops.service_differs(&d.service, false);
-        }
+        self.ops.services_differ(&names(&self.said), &[]);
+        self.said.clear();
         self.ops.health().refusing(None);
     }
+}
+
+/// The services of `differences`.
+fn names(differences: &[Difference]) -> Vec<&str> {
+    differences.iter().map(|d| d.service.as_str()).collect()
 }
 
 #[cfg(test)]

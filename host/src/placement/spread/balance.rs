@@ -66,10 +66,10 @@ impl Member {
         let swap = async {
             let old = match published {
                 Some(old) => old,
-                None => match store.get(key).await? {
-                    Some(r) if lease_value::holder(&r.value) == holder => r.value,
+                None => match our_value(&**store, key, holder).await? {
+                    Some(value) => value,
                     // Gone: the next renewal says so, and we join again.
-                    _ => return Ok(false),
+                    None => return Ok(false),
                 },
             };
             store.compare_and_swap(key, &old, &value, lease).await
@@ -113,15 +113,7 @@ impl Member {
         if now == self.differences {
             return;
         }
-        let differ: BTreeSet<&String> = now.iter().map(|(service, _)| service).collect();
-        for (service, _) in &self.differences {
-            if !differ.contains(service) {
-                self.s.ops.service_differs(service, false);
-            }
-        }
-        for service in &differ {
-            self.s.ops.service_differs(service, true);
-        }
+        (self.s.ops).services_differ(&services(&self.differences), &services(&now));
         if now.is_empty() {
             tracing::info!("this host's services are the other members' again");
         } else {
@@ -147,13 +139,10 @@ impl Member {
             {
                 return Ok(());
             }
-            match store.get(&key).await? {
-                Some(r) if lease_value::holder(&r.value) == holder => {
-                    store.compare_and_delete(&key, &r.value).await?;
-                    Ok(())
-                }
-                _ => Ok(()),
+            if let Some(value) = our_value(&*store, &key, &holder).await? {
+                store.compare_and_delete(&key, &value).await?;
             }
+            Ok(())
         }
     }
 
@@ -247,6 +236,26 @@ impl Member {
             self.log_running();
         }
     }
+}
+
+/// The value of our membership record `key` as it is now, if it is there and `holder`'s.
+async fn our_value(
+    store: &dyn Store,
+    key: &str,
+    holder: &str,
+) -> Result<Option<String>, StoreError> {
+    let record = store.get(key).await?;
+    Ok(record
+        .map(|r| r.value)
+        .filter(|value| lease_value::holder(value) == holder))
+}
+
+/// The services of a list of differences, as [`Member::compare`] keeps it.
+fn services(differences: &[(String, String)]) -> Vec<&str> {
+    differences
+        .iter()
+        .map(|(service, _)| service.as_str())
+        .collect()
 }
 
 /// Wakes the other hosts now rather than at their next renewal, so they see a new member
