@@ -24,8 +24,12 @@
 //! a spread member's membership record carries the same:
 //!
 //! ```text
-//! value    = holder | holder "\n" {"loaded": {name: version, ...}, "rejected": {name: reason, ...}}
+//! value    = holder | holder "\n" {"loaded": {name: version, ...}, "rejected": {name: reason, ...},
+//!                                   "host": {"http": "IP:PORT"}}
 //! ```
+//!
+//! `host.http` is the address the host's peers reach its HTTP listener at (`advertise-addr`),
+//! for forwarding (SPEC §13).
 //!
 //! A `rejected` service ([`Inventory::rejected`]) is one whose latest file or registry source
 //! the host refused (not a component, a failed pull, ...), with the reason; the version it
@@ -46,6 +50,7 @@
 //! compares the whole value or the [`holder`] part, never a prefix.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -236,6 +241,11 @@ pub type Rejected = BTreeMap<String, String>;
 /// The state name of a refused service's entry in a lease's list.
 const REJECTED: &str = "rejected";
 
+/// The key of a candidacy's (or membership's) facts about its host: `{"http": "IP:PORT"}`, the
+/// address it advertises. A map of strings, as `loaded` and `rejected` are, so that readers
+/// from before it read the rest of the value as they did.
+const HOST: &str = "host";
+
 /// What a host's services directory and registry sources came to: what it would run if it
 /// led, and publishes to the fleet (SPEC §13).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -247,18 +257,37 @@ pub struct Inventory {
     pub rejected: Rejected,
 }
 
-/// The value of a candidacy (or membership) record of `holder` with what it has `loaded`.
-pub fn candidate(holder: &str, loaded: &Inventory) -> String {
+/// The value of a candidacy (or membership) record of `holder` with what it has `loaded`, and
+/// the address its HTTP listener is reached at by the other hosts, if it `advertise`s one.
+pub fn candidate(holder: &str, loaded: &Inventory, advertise: Option<SocketAddr>) -> String {
     let Inventory { versions, rejected } = loaded;
-    let json = match (versions.is_empty(), rejected.is_empty()) {
-        (true, true) => return holder.to_owned(),
-        (_, true) => serde_json::json!({ "loaded": versions }),
-        _ => {
-            let rejected: Rejected = rejected.iter().map(|(n, r)| (n.clone(), cut(r))).collect();
-            serde_json::json!({ "loaded": versions, "rejected": rejected })
-        }
-    };
-    format!("{holder}\n{json}")
+    if versions.is_empty() && rejected.is_empty() && advertise.is_none() {
+        return holder.to_owned();
+    }
+    let mut json = serde_json::Map::new();
+    if !(versions.is_empty() && rejected.is_empty()) {
+        // Absent, the value says nothing of what the host loaded ([`versions`]).
+        json.insert("loaded".to_owned(), serde_json::json!(versions));
+    }
+    if !rejected.is_empty() {
+        let rejected: Rejected = rejected.iter().map(|(n, r)| (n.clone(), cut(r))).collect();
+        json.insert(REJECTED.to_owned(), serde_json::json!(rejected));
+    }
+    if let Some(addr) = advertise {
+        json.insert(
+            HOST.to_owned(),
+            serde_json::json!({ "http": addr.to_string() }),
+        );
+    }
+    format!("{holder}\n{}", Value::Object(json))
+}
+
+/// The address a candidacy's or membership's value advertises for its host's HTTP listener,
+/// if any (and if it reads as one).
+pub fn advertised(value: &str) -> Option<SocketAddr> {
+    let (_, json) = value.split_once('\n')?;
+    let mut candidate = serde_json::from_str::<BTreeMap<String, Versions>>(json).ok()?;
+    candidate.remove(HOST)?.get("http")?.parse().ok()
 }
 
 /// The services a record's value says its host has loaded, by name: a candidacy's loaded set,
@@ -476,11 +505,11 @@ mod tests {
             ("hello".to_owned(), "0c9766887530".to_owned()),
             ("ticker".to_owned(), "11def412bec5".to_owned()),
         ]);
-        let value = candidate("b/2/ff", &only(&loaded));
+        let value = candidate("b/2/ff", &only(&loaded), None);
         assert_eq!(holder(&value), "b/2/ff");
         assert_eq!(versions(&value), Some(loaded.clone()));
         assert!(services(&value).is_empty(), "nothing runs on a standby");
-        assert_eq!(candidate("b/2/ff", &Inventory::default()), "b/2/ff");
+        assert_eq!(candidate("b/2/ff", &Inventory::default(), None), "b/2/ff");
         assert_eq!(versions("b/2/ff"), None);
         let mut ticker = svc("ticker", 1);
         ticker.version = "11def412bec5".into();
@@ -490,6 +519,34 @@ mod tests {
         let lease = encode("a/1/ee", &[hello, ticker], &Rejected::new());
         assert_eq!(versions(&lease), Some(loaded));
         assert_eq!(versions("a/1/ee\nnot json"), None);
+    }
+
+    /// A member's advertised address rides beside what it loaded: read back whole, ignored by
+    /// every reader of the rest (and of older values, which say none), and on its own when
+    /// the host loaded nothing.
+    #[test]
+    fn a_membership_carries_its_advertised_address_and_older_readers_skip_it() {
+        let addr: SocketAddr = "10.0.0.7:8080".parse().unwrap();
+        let loaded = Versions::from([("hello".to_owned(), "0c9766887530".to_owned())]);
+        let value = candidate("b/2/ff", &only(&loaded), Some(addr));
+        assert_eq!(holder(&value), "b/2/ff");
+        assert_eq!(advertised(&value), Some(addr));
+        assert_eq!(versions(&value), Some(loaded.clone()));
+        assert!(super::rejected(&value).is_empty());
+        let older: BTreeMap<String, Versions> =
+            serde_json::from_str(value.split_once('\n').unwrap().1).unwrap();
+        assert_eq!(older["loaded"], loaded, "as an older reader reads it");
+        let bare = candidate("b/2/ff", &Inventory::default(), Some(addr));
+        assert_eq!(advertised(&bare), Some(addr));
+        assert_eq!(versions(&bare), None, "it says nothing of what is loaded");
+        assert_eq!(advertised(&candidate("b/2/ff", &only(&loaded), None)), None);
+        assert_eq!(advertised("b/2/ff"), None);
+        assert_eq!(
+            advertised("b/2/ff\n{\"host\":{\"http\":\"nowhere\"}}"),
+            None
+        );
+        let lease = encode("a/1/ee", &[svc("hello", 1)], &Rejected::new());
+        assert_eq!(advertised(&lease), None);
     }
 
     fn svc(name: &str, since: u64) -> ServiceStatus {
@@ -545,7 +602,7 @@ mod tests {
             versions: hello.clone(),
             rejected: rejected.clone(),
         };
-        let standby = candidate("b/2/ff", &loaded);
+        let standby = candidate("b/2/ff", &loaded, None);
         assert_eq!(holder(&standby), "b/2/ff");
         assert_eq!(versions(&standby), Some(hello.clone()));
         assert_eq!(super::rejected(&standby), cut_rejected);

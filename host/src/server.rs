@@ -214,6 +214,9 @@ async fn serve_spread(
     let config = SpreadConfig {
         lease: settings.lease,
         holder: holder_value(),
+        advertise: settings
+            .advertise_addr
+            .filter(|_| settings.http_addr.is_some()),
     };
     let stop = CancellationToken::new();
     let run = Spread::new(config, store, services, ops.clone()).run(stop.clone());
@@ -366,6 +369,8 @@ fn needs_restart(a: &Settings, b: &Settings) -> Vec<&'static str> {
         ("cache-dir", a.cache_dir != b.cache_dir),
         ("metrics-addr", a.metrics_addr != b.metrics_addr),
         ("http-addr", a.http_addr != b.http_addr),
+        ("advertise-addr", a.advertise_addr != b.advertise_addr),
+        ("forward", a.forward != b.forward),
         ("incoming-http", a.incoming_http != b.incoming_http),
         ("lock-dir", a.lock_dir != b.lock_dir),
         ("placement", a.placement != b.placement),

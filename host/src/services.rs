@@ -3,11 +3,13 @@
 //! The lifecycle ([`crate::vvm`]) only knows [`Services`]; the Wasm runtime implements it, and
 //! tests implement it with doubles that record what happened.
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::lease::LeaseDeadline;
@@ -96,6 +98,77 @@ pub trait FrontDoor: Send {
     async fn close(self: Box<Self>);
 }
 
+/// A host of the group that holds a service: its holder value and the address it advertises
+/// (SPEC §13, forwarding).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    /// Its holder value.
+    pub holder: String,
+    /// Where its HTTP listener is reached.
+    pub addr: SocketAddr,
+}
+
+/// The other hosts of the group, as the store's records said when placement last looked.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Peers {
+    /// Who holds each service another host runs, by service name, where it can be reached.
+    pub holders: BTreeMap<String, Peer>,
+    /// The services other hosts hold that cannot be forwarded to: their host advertises no
+    /// address, or this host's own (a listening socket they share). A service neither here
+    /// nor in `holders` is held by nobody now.
+    pub unreachable: BTreeSet<String>,
+    /// The address each other member advertises.
+    pub members: BTreeSet<SocketAddr>,
+}
+
+/// Where the front door forwards requests for services this host does not hold: placement
+/// publishes the holders it reads from the store ([`Directory::publish`]), the front door
+/// reads them, and asks placement to look again ([`Directory::ask`]) when a holder turned out
+/// to be gone. Shared by the two; placement is its only writer.
+#[derive(Debug)]
+pub struct Directory {
+    peers: watch::Sender<Peers>,
+    asked: Notify,
+}
+
+impl Default for Directory {
+    fn default() -> Self {
+        Self {
+            peers: watch::Sender::new(Peers::default()),
+            asked: Notify::new(),
+        }
+    }
+}
+
+impl Directory {
+    /// The holders are `peers` from now on; those waiting for a change are woken only if they
+    /// differ from the last.
+    pub fn publish(&self, peers: Peers) {
+        self.peers.send_if_modified(|old| {
+            let changed = *old != peers;
+            *old = peers;
+            changed
+        });
+    }
+
+    /// The holders as last published, and their changes to come.
+    #[must_use]
+    pub fn subscribe(&self) -> watch::Receiver<Peers> {
+        self.peers.subscribe()
+    }
+
+    /// A holder was not there: placement is asked to look at the store again now rather than
+    /// at its next round.
+    pub fn ask(&self) {
+        self.asked.notify_one();
+    }
+
+    /// Resolves when the front door has asked for a new look since the last time.
+    pub async fn asked(&self) {
+        self.asked.notified().await;
+    }
+}
+
 /// The services of spread placement ([`crate::placement`]): each one started on its own,
 /// under a claim of its own.
 #[async_trait]
@@ -108,6 +181,12 @@ pub trait SeparateServices: Send + Sync + 'static {
     /// (the membership's local deadline) is ahead. Each request it takes is judged by the
     /// claim of the service it asks for.
     fn open_door(&self, membership: LeaseDeadline) -> Option<Box<dyn FrontDoor>>;
+
+    /// Where the front door forwards requests for services other hosts hold, when it forwards
+    /// (`forward`): placement keeps it up to date.
+    fn directory(&self) -> Option<Arc<Directory>> {
+        None
+    }
 
     /// What this host has loaded and refused, as [`Services::inventory`]: the membership
     /// record publishes it to the group (SPEC §13).

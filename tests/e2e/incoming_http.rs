@@ -295,17 +295,19 @@ fn a_replaced_http_service_answers_throughout_and_a_handler_serves_beside_run() 
     stop(a);
 }
 
-/// Under spread placement each host serves the HTTP services it holds, and answers a route
-/// of one held by another host 503 with `Retry-After` (the client or balancer tries the
-/// other host), never 404.
+/// Under spread placement with forwarding off each host serves the HTTP services it holds, and
+/// answers a route of one held by another host 503 with `Retry-After` (the client or balancer
+/// tries the other host), never 404. (With it on, the other host answers through this one:
+/// `spread_http`.)
 #[test]
 fn under_spread_placement_a_host_answers_503_for_a_service_held_elsewhere() {
     let _heavy = crate::one_heavy_test_at_a_time();
     let names = ["ha".to_owned(), "hb".to_owned()];
     let dir = hello_dir(&["ha", "hb"], "placement = \"spread\"\n");
     let (addr_1, addr_2) = (free_addr(), free_addr());
-    let one = serve_with("one", dir.path(), addr_1, &["--lease", "3s"]);
-    let two = serve_with("two", dir.path(), addr_2, &["--lease", "3s"]);
+    let args = ["--lease", "3s", "--forward", "false"];
+    let one = serve_with("one", dir.path(), addr_1, &args);
+    let two = serve_with("two", dir.path(), addr_2, &args);
     testkit::spread::wait_for_rest(&[&one, &two], &names, &[1, 1]);
     for (host, addr) in [(&one, addr_1), (&two, addr_2)] {
         let held = testkit::spread::running(host);

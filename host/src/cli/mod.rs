@@ -267,6 +267,15 @@ pub struct ServeArgs {
     /// off].
     #[arg(long, env = "VVM_HTTP_ADDR", value_name = "ADDR", value_parser = config::parse_http_addr)]
     pub http_addr: Option<SocketAddr>,
+    /// The address the group's other hosts reach this host's HTTP listener at, for
+    /// forwarding, e.g. 10.0.0.7:8080 [default: http-addr when it is a concrete address].
+    #[arg(long, env = "VVM_ADVERTISE_ADDR", value_name = "ADDR", value_parser = config::parse_advertise_addr)]
+    pub advertise_addr: Option<SocketAddr>,
+    /// Forward a request for a service another host of the group holds to that host, one hop
+    /// [default: true when this host has an advertise address].
+    #[arg(long, env = "VVM_FORWARD", value_name = "BOOL", num_args = 0..=1,
+        default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub forward: Option<bool>,
     /// Directory of the crash locks, shared by the hosts of one machine: a standby there takes
     /// over from a killed leader at once [default: <store>.holders for redb; none for etcd].
     #[arg(long, env = "VVM_LOCK_DIR", value_name = "DIR")]
@@ -366,6 +375,8 @@ impl ServeArgs {
             cache_dir: self.cache_dir.clone(),
             metrics_addr: self.metrics_addr,
             http_addr: self.http_addr,
+            advertise_addr: self.advertise_addr,
+            forward: self.forward,
             lock_dir: self.lock_dir.clone(),
             placement: self.placement,
             restart_backoff_max: self.restart_backoff_max,

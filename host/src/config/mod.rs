@@ -29,8 +29,10 @@ pub use bounds::{
     RESTART_BACKOFF_INITIAL, check_bucket_name, validate,
 };
 pub use error::ConfigError;
-use parse::{opt_addr, opt_duration, opt_http_addr};
-pub use parse::{parse_duration, parse_http_addr, parse_metrics_addr};
+pub use parse::{
+    advertised, parse_advertise_addr, parse_duration, parse_http_addr, parse_metrics_addr,
+};
+use parse::{opt_addr, opt_advertise_addr, opt_duration, opt_http_addr};
 pub use route::{Route, pick as pick_route};
 pub use schedule::{
     MAX_RUN_TIMEOUT, MAX_STARTING_DEADLINE, MIN_STARTING_DEADLINE, ScheduleSettings,
@@ -84,6 +86,13 @@ pub struct FileConfig {
     /// off when absent.
     #[serde(default, with = "opt_http_addr")]
     pub http_addr: Option<SocketAddr>,
+    /// The address the other hosts of the group reach this host's HTTP listener at, e.g.
+    /// `"10.0.0.7:8080"`, for forwarding; default: `http-addr` when that is a concrete address.
+    #[serde(default, with = "opt_advertise_addr")]
+    pub advertise_addr: Option<SocketAddr>,
+    /// Whether a request for a service another host of the group holds is forwarded to it
+    /// (default: true when this host has an advertise address).
+    pub forward: Option<bool>,
     /// Directory of the crash locks, shared by the hosts of one machine (see
     /// [`crate::holder::crash_lock`]). Default: `<store>.holders` beside a redb store; none for etcd,
     /// where it is worth setting when several hosts share a machine.
@@ -269,6 +278,11 @@ pub struct Settings {
     pub metrics_addr: Option<SocketAddr>,
     /// Address HTTP services are served on while leading, if it is on.
     pub http_addr: Option<SocketAddr>,
+    /// The address the group's other hosts reach this host's HTTP listener at: `advertise-addr`,
+    /// or `http-addr` when concrete; `None`: this host is no forwarding target.
+    pub advertise_addr: Option<SocketAddr>,
+    /// Whether requests for services other hosts hold are forwarded to them.
+    pub forward: bool,
     /// Directory of the crash locks, if there is one.
     pub lock_dir: Option<PathBuf>,
     /// How services are placed on the hosts.
@@ -321,6 +335,7 @@ impl Settings {
             Some(path) => FileConfig::load(path, true)?,
             None => FileConfig::load(DEFAULT_CONFIG_FILE.as_ref(), false)?,
         };
+        let (http_addr, advertise_addr, forward) = front_door(&flags, &file);
         let etcd = flags
             .etcd
             .unwrap_or_default()
@@ -368,7 +383,9 @@ impl Settings {
                 .or(file.cache_dir)
                 .unwrap_or_else(|| default_cache_dir(&services)),
             metrics_addr: flags.metrics_addr.or(file.metrics_addr),
-            http_addr: flags.http_addr.or(file.http_addr),
+            http_addr,
+            advertise_addr,
+            forward,
             placement: flags.placement.or(file.placement).unwrap_or_default(),
             restart_backoff_max: flags
                 .restart_backoff_max
@@ -415,6 +432,18 @@ impl Settings {
         check_services(&settings.grants)?;
         Ok(settings)
     }
+}
+
+/// `http-addr`, the address advertised to the group's other hosts, and whether requests for
+/// their services are forwarded to them: `flags` over `file`.
+fn front_door(
+    flags: &FileConfig,
+    file: &FileConfig,
+) -> (Option<SocketAddr>, Option<SocketAddr>, bool) {
+    let http_addr = flags.http_addr.or(file.http_addr);
+    let advertise = advertised(flags.advertise_addr.or(file.advertise_addr), http_addr);
+    let forward = (flags.forward.or(file.forward)).unwrap_or(advertise.is_some());
+    (http_addr, advertise, forward)
 }
 
 #[cfg(test)]

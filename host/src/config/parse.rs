@@ -41,6 +41,48 @@ pub fn parse_http_addr(text: &str) -> Result<SocketAddr, String> {
         .map_err(|_| format!("http-addr {text:?} is not an IP:PORT address such as 0.0.0.0:8080"))
 }
 
+/// Parses the address a host's peers reach its HTTP listener at, `IP:PORT`: a concrete one
+/// (not `0.0.0.0`, `::` or port 0), since other hosts connect to it.
+///
+/// # Errors
+/// A message naming the setting and what is wrong with `text`.
+pub fn parse_advertise_addr(text: &str) -> Result<SocketAddr, String> {
+    let text = text.trim();
+    let addr: SocketAddr = text.parse().map_err(|_| {
+        format!("advertise-addr {text:?} is not an IP:PORT address such as 10.0.0.7:8080")
+    })?;
+    if addr.ip().is_unspecified() || addr.port() == 0 {
+        return Err(format!(
+            "advertise-addr {text:?} is not an address other hosts can connect to: \
+             name this host's own IP and port, such as 10.0.0.7:8080"
+        ));
+    }
+    Ok(addr)
+}
+
+/// The address a host advertises to its peers: `advertise`, or else `http_addr` when that is
+/// concrete (not a wildcard, not port 0); `None` when neither is.
+#[must_use]
+pub fn advertised(
+    advertise: Option<SocketAddr>,
+    http_addr: Option<SocketAddr>,
+) -> Option<SocketAddr> {
+    advertise.or_else(|| http_addr.filter(|a| !a.ip().is_unspecified() && a.port() != 0))
+}
+
+pub(super) mod opt_advertise_addr {
+    use std::net::SocketAddr;
+
+    use serde::{Deserialize, Deserializer};
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
+        let text = String::deserialize(d)?;
+        super::parse_advertise_addr(&text)
+            .map(Some)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
 pub(super) mod opt_http_addr {
     use std::net::SocketAddr;
 

@@ -408,3 +408,24 @@ fn a_registry_source_and_the_registry_settings_are_read_and_a_bad_one_names_the_
         "{err}"
     );
 }
+
+/// The advertised address is `advertise-addr`, else a concrete `http-addr`; a wildcard or port
+/// 0 is no address to reach a host at, and is refused as `advertise-addr` by name.
+#[test]
+fn the_advertised_address_defaults_to_a_concrete_http_addr_only() {
+    let addr = |s: &str| Some(s.parse::<std::net::SocketAddr>().unwrap());
+    assert_eq!(
+        advertised(None, addr("10.0.0.7:8080")),
+        addr("10.0.0.7:8080")
+    );
+    assert_eq!(advertised(None, addr("0.0.0.0:8080")), None);
+    assert_eq!(advertised(None, addr("127.0.0.1:0")), None);
+    assert_eq!(
+        advertised(addr("10.0.0.7:80"), addr("0.0.0.0:8080")),
+        addr("10.0.0.7:80")
+    );
+    for bad in ["0.0.0.0:8080", "[::]:8080", "10.0.0.7:0", "host:80"] {
+        let e = parse_advertise_addr(bad).unwrap_err();
+        assert!(e.starts_with("advertise-addr "), "{e}");
+    }
+}

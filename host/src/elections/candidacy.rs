@@ -56,7 +56,7 @@ impl Elections {
         let mut written: Option<String> = None;
         let mut tried = holder.clone();
         loop {
-            let value = lease_value::candidate(&holder, &loaded.borrow_and_update());
+            let value = lease_value::candidate(&holder, &loaded.borrow_and_update(), None);
             tried.clone_from(&value);
             let write = async {
                 if let Some(old) = &written

@@ -46,7 +46,7 @@ pub(crate) mod wasi_config;
 mod view;
 mod vvm;
 
-pub use incoming::{IncomingLimits, InstanceReuse};
+pub use incoming::{Forwarding, IncomingLimits, InstanceReuse};
 pub use keyvalue::access::KvLimits;
 pub use outgoing::{HttpPolicy, LEASE_HEADER, OutgoingLimits, TOKEN_HEADER};
 pub use wasi_config::ServiceConfig;

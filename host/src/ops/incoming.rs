@@ -8,7 +8,9 @@
 //! serve them: `vvm_http_instances_created_total{service}`,
 //! `vvm_http_instance_reuses_total{service}` (requests served by an instance kept from an
 //! earlier one), `vvm_http_instances_idle{service}` and `vvm_http_instance_requests{service}`
-//! (how many each served in its life).
+//! (how many each served in its life); and of forwarding:
+//! `vvm_http_forwarded_requests_total{target,outcome}` and
+//! `vvm_http_forward_duration_seconds{target}`.
 
 use std::time::Duration;
 
@@ -35,6 +37,17 @@ struct ClosedLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ForwardLabels {
+    target: String,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TargetLabels {
+    target: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
     service: String,
     class: &'static str,
@@ -54,6 +67,8 @@ pub(super) struct IncomingMetrics {
     open: Gauge,
     closed: Family<ClosedLabels, Counter>,
     queue: Gauge,
+    forwarded: Family<ForwardLabels, Counter>,
+    forward_duration: Family<TargetLabels, Histogram, fn() -> Histogram>,
 }
 
 impl IncomingMetrics {
@@ -70,6 +85,8 @@ impl IncomingMetrics {
             open: Gauge::default(),
             closed: Family::default(),
             queue: Gauge::default(),
+            forwarded: Family::default(),
+            forward_duration: Family::new_with_constructor(duration_histogram),
         };
         for reason in LIMITS {
             drop(metrics.closed.get_or_create(&ClosedLabels { reason }));
@@ -116,6 +133,17 @@ impl IncomingMetrics {
             metrics.queue.clone(),
         );
         registry.register(
+            "vvm_http_forwarded_requests",
+            "Requests forwarded to the host holding their service, by its address and outcome \
+             (answered; unserved: it does not hold the service now; unreachable; failed; timeout)",
+            metrics.forwarded.clone(),
+        );
+        registry.register(
+            "vvm_http_forward_duration_seconds",
+            "Time from sending a forwarded request to the holder's response head",
+            metrics.forward_duration.clone(),
+        );
+        registry.register(
             "vvm_http_incoming_requests",
             "Requests routed to an HTTP service, by status class (1xx..5xx, or aborted)",
             metrics.requests.clone(),
@@ -131,6 +159,19 @@ impl IncomingMetrics {
             metrics.duration.clone(),
         );
         metrics
+    }
+
+    /// A request was forwarded to `target`, with `outcome`, its head back after `took`.
+    pub fn forwarded(&self, target: &str, outcome: &'static str, took: Duration) {
+        let target = target.to_owned();
+        self.forward_duration
+            .get_or_create(&TargetLabels {
+                target: target.clone(),
+            })
+            .observe(took.as_secs_f64());
+        self.forwarded
+            .get_or_create(&ForwardLabels { target, outcome })
+            .inc();
     }
 
     /// This host accepted a connection on `http-addr`.

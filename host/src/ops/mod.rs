@@ -231,6 +231,12 @@ impl Ops {
         self.inner.metrics.commits.commit(report);
     }
 
+    /// A request was forwarded to the holder at `target`, with `outcome`, the holder's
+    /// response head back after `took` (SPEC §13).
+    pub fn http_forwarded(&self, target: &str, outcome: &'static str, took: Duration) {
+        self.inner.metrics.incoming.forwarded(target, outcome, took);
+    }
+
     /// This host accepted a connection on `http-addr`.
     pub fn http_connection_accepted(&self) {
         self.inner.metrics.incoming.connection_accepted();

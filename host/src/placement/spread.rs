@@ -54,7 +54,7 @@ use crate::lease::{LocalLease, release_patience, renew_every};
 use crate::lease_value::Inventory;
 use crate::ops::Ops;
 use crate::problem::ProblemReporter;
-use crate::services::{FrontDoor, RunningServices, SeparateServices};
+use crate::services::{Directory, FrontDoor, RunningServices, SeparateServices};
 use crate::store::{Store, Term};
 
 /// How a host places services under spread placement.
@@ -64,6 +64,9 @@ pub struct SpreadConfig {
     pub lease: Duration,
     /// This host's holder value, unique per process run ([`crate::holder::holder_value`]).
     pub holder: String,
+    /// Where the other members reach this host's HTTP listener (`advertise-addr`), published
+    /// in its membership record for forwarding; `None`: no forwarding to this host.
+    pub advertise: Option<std::net::SocketAddr>,
 }
 
 /// A host under spread placement, built and not yet running.
@@ -114,6 +117,7 @@ impl Spread {
     /// order: membership deleted, every service stopped and its claim deleted, killer
     /// disarmed. Store failures are retried; they never end the run.
     pub async fn run(self, shutdown: CancellationToken) {
+        let directory = self.services.directory();
         let mut host = Member {
             record_key: member_key(&self.config.holder),
             inventory: self.services.inventory(),
@@ -125,6 +129,7 @@ impl Spread {
             record_known: false,
             membership: None,
             door: None,
+            directory,
             cooldown: HashMap::new(),
             next_expiry: None,
             wake: Arc::new(Notify::new()),
@@ -135,6 +140,7 @@ impl Spread {
             "placement: spread"
         );
         let store = Arc::clone(&host.s.store);
+        let directory = host.directory.clone();
         while !shutdown.is_cancelled() {
             let released = store.wait_released(host.s.config.lease);
             tokio::pin!(released);
@@ -165,6 +171,8 @@ impl Spread {
                 () = tokio::time::sleep(wait) => {}
                 // A double's set never changes (its sender is gone): no branch then.
                 Ok(()) = host.inventory.changed() => {}
+                // The front door found a holder gone: look again now.
+                () = asked(directory.as_deref()) => {}
             }
         }
         let ops = host.s.ops.clone();
@@ -219,6 +227,9 @@ struct Member {
     membership: Option<LocalLease>,
     /// The front door, open from the first join to the leave.
     door: Option<Box<dyn FrontDoor>>,
+    /// Where the front door forwards requests for services other members hold, if it does:
+    /// kept as each round finds the claims.
+    directory: Option<Arc<Directory>>,
     /// Services this host does not claim again before a time: they failed here.
     cooldown: HashMap<String, tokio::time::Instant>,
     /// When the earliest claim of another holder expires, if this host has room for it.
@@ -336,10 +347,22 @@ impl Member {
             }
         }
         self.s.killer.disarm();
+        if let Some(directory) = &self.directory {
+            // No longer a member: this host's view of the claims is no longer kept.
+            directory.publish(crate::services::Peers::default());
+        }
         if let Some(door) = self.door.take() {
             door.close().await;
         }
         tracing::info!("left the group");
+    }
+}
+
+/// Resolves when the front door asks for a new look at the claims; never without a directory.
+async fn asked(directory: Option<&Directory>) {
+    match directory {
+        Some(directory) => directory.asked().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -23,7 +23,7 @@ use crate::lease::LeaseDeadline;
 use crate::lease_value::Inventory;
 use crate::ops::Ops;
 use crate::services::{
-    FrontDoor, RunningServices, SeparateServices, ServiceContext, ServiceError, Services,
+    Directory, FrontDoor, RunningServices, SeparateServices, ServiceContext, ServiceError, Services,
 };
 use crate::sources::{BlobCache, Puller, RegistryOptions, SourceRef};
 
@@ -361,6 +361,10 @@ impl SeparateServices for WasmServices {
     fn open_door(&self, membership: LeaseDeadline) -> Option<Box<dyn FrontDoor>> {
         let door = self.http.open(membership)?;
         Some(Box::new(door))
+    }
+
+    fn directory(&self) -> Option<Arc<Directory>> {
+        self.http.directory()
     }
 
     async fn start_one(

@@ -91,6 +91,33 @@ pub struct IncomingLimits {
     pub keep_alive_timeout: Duration,
     /// Every HTTP service's instance reuse, but where its own table sets it.
     pub instance_reuse: InstanceReuseConfig,
+    /// How requests for services other hosts hold are forwarded; `None`: they are not
+    /// (answered 503 with `Retry-After`).
+    pub forwarding: Option<Forwarding>,
+}
+
+/// How this host forwards a request for a service another host of the group holds (SPEC §13).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Forwarding {
+    /// This host, as its forwarded requests name it: its advertised address, or `http-addr`.
+    pub by: SocketAddr,
+    /// The longest a connection to a holder may take to be made: well under `L`.
+    pub connect_timeout: Duration,
+    /// The longest a request waits for a holder of its service to be known (`L`: a claim
+    /// handed over or expired is taken within it).
+    pub patience: Duration,
+}
+
+impl Forwarding {
+    /// Forwarding by a host reached at `by`, in a group whose lease is `lease`.
+    #[must_use]
+    pub fn new(by: SocketAddr, lease: Duration) -> Self {
+        Self {
+            by,
+            connect_timeout: (lease / 5).clamp(Duration::from_millis(10), Duration::from_secs(1)),
+            patience: lease,
+        }
+    }
 }
 
 impl Default for IncomingLimits {
@@ -105,6 +132,7 @@ impl Default for IncomingLimits {
             header_timeout: Duration::from_secs(10),
             keep_alive_timeout: Duration::from_secs(30),
             instance_reuse: InstanceReuseConfig::default(),
+            forwarding: None,
         }
     }
 }
@@ -128,6 +156,7 @@ impl IncomingLimits {
             keep_alive_timeout: (file.keep_alive_timeout.or(file.idle_timeout))
                 .unwrap_or(self.keep_alive_timeout),
             instance_reuse: file.instance_reuse().over(self.instance_reuse),
+            forwarding: self.forwarding,
         }
     }
 }

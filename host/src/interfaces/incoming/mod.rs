@@ -24,6 +24,9 @@
 //!   progress within the grace period and are dropped after it; then the routes go
 //!   ([`HttpServer::unregister`]) and their calls still running end (bounded by the grace
 //!   period too); only then are the services stopped and the lease released (SPEC §5 order).
+//! - With `forward` on, a request for a service another host of the group holds is forwarded
+//!   to it, one hop (`forward`), instead of the 503 ([`HttpServer::directory`] is where
+//!   placement says who holds what).
 //! - Incoming HTTP runs on threads of its own (`workers`): no flood of connections or requests
 //!   can starve the lease's renewals.
 //! - `limits`: [`IncomingLimits`]; `connections`: the cap on open connections and their
@@ -31,15 +34,17 @@
 //!   `listen`: a door's listener and its connections; `serve`: one request; `pool`: the
 //!   instances a WASI 0.2 service reuses; `concurrent`: the instances of a WASI 0.3 service,
 //!   each taking several requests at once; `body`: a response under the lease; `spin`: Spin's
-//!   request headers.
+//!   request headers; `forward`: a request for a service another host of the group holds,
+//!   sent on to it (SPEC §13).
 //!
 //! Dependencies point one way, in this order (each uses only modules before it): `limits`,
-//! `socket`, `connections`, `workers`, `spin`, `body`, `sandboxes`, `pool`, `concurrent`,
-//! `routes`, `serve`, `listen`.
+//! `socket`, `connections`, `workers`, `spin`, `body`, `forward`, `sandboxes`, `pool`,
+//! `concurrent`, `routes`, `serve`, `listen`.
 
 mod body;
 mod concurrent;
 mod connections;
+mod forward;
 mod limits;
 mod listen;
 mod pool;
@@ -50,7 +55,7 @@ mod socket;
 mod spin;
 mod workers;
 
-pub use limits::{IncomingLimits, InstanceReuse};
+pub use limits::{Forwarding, IncomingLimits, InstanceReuse};
 
 pub(crate) use sandboxes::Sandboxes;
 pub(crate) use socket::{SharedSocket, other_addresses, share};
@@ -65,13 +70,14 @@ use wasmtime_wasi_http::handler::ProxyPre;
 
 use self::concurrent::Concurrent;
 use self::connections::Connections;
+use self::forward::Forwarder;
 use self::listen::{Listener, listen};
 use self::pool::Pool;
 use self::routes::{Entry, Handler, Shared};
 use self::workers::Workers;
 use crate::interfaces::env::ServiceEnv;
 use crate::lease::LeaseDeadline;
-use crate::services::FrontDoor;
+use crate::services::{Directory, FrontDoor};
 
 /// The host's front door while it is open: its listener's task accepts and serves connections
 /// until closed, while its lease's deadline is ahead (on the shared socket).
@@ -111,23 +117,42 @@ pub(crate) struct HttpServer<S: Sandboxes> {
     queue_gauge: Mutex<Option<AbortOnDropHandle<()>>>,
     /// The threads every door and connection runs on; started with the first door.
     workers: std::sync::OnceLock<Workers>,
+    /// Who holds the services other hosts run, when this host forwards to them.
+    directory: Option<Arc<Directory>>,
 }
 
 impl<S: Sandboxes> HttpServer<S> {
     /// Serves the HTTP services that a leadership of this host registers, through
     /// `sandboxes`.
     pub(crate) fn new(sandboxes: S) -> Self {
+        let (directory, forwarder) = match sandboxes.limits().forwarding {
+            Some(forwarding) => {
+                let directory = Arc::new(Directory::default());
+                let forwarder = Forwarder::new(Arc::clone(&directory), forwarding);
+                (Some(directory), Some(forwarder))
+            }
+            None => (None, None),
+        };
         Self {
             shared: Arc::new(Shared {
                 connections: Connections::new(sandboxes.max_connections()),
                 sandboxes,
                 routes: Mutex::default(),
+                registered: tokio::sync::Notify::new(),
+                forwarder,
             }),
             retired: Mutex::default(),
             socket: std::sync::OnceLock::new(),
             queue_gauge: Mutex::default(),
             workers: std::sync::OnceLock::new(),
+            directory,
         }
+    }
+
+    /// Where placement tells the front door who holds the services other hosts run, when it
+    /// forwards requests for them.
+    pub(crate) fn directory(&self) -> Option<Arc<Directory>> {
+        self.directory.clone()
     }
 
     /// Accepts from `socket`, shared with the other hosts of this machine, from now on (from
@@ -257,6 +282,7 @@ impl<S: Sandboxes> HttpServer<S> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(name, entry);
+        self.shared.registered.notify_waiters();
         if let Some(old) = replaced {
             self.retired
                 .lock()

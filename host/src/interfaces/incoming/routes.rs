@@ -5,12 +5,13 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use tokio::sync::Semaphore;
+use tokio::sync::{Notify, Semaphore};
 use tokio_util::task::TaskTracker;
 use wasmtime_wasi_http::p2::bindings::ProxyPre;
 
 use super::concurrent::Concurrent;
 use super::connections::Connections;
+use super::forward::Forwarder;
 use super::pool::{Instance, Pool};
 use super::sandboxes::Sandboxes;
 use crate::config::{Route, pick_route};
@@ -67,6 +68,11 @@ pub(super) type Routes<S> = BTreeMap<String, Arc<Entry<S>>>;
 pub(super) struct Shared<S: Sandboxes> {
     pub sandboxes: S,
     pub routes: Mutex<Routes<S>>,
+    /// Woken when a route is registered (a request waiting for its service's holder may find
+    /// it here).
+    pub registered: Notify,
+    /// How requests for services other hosts hold are forwarded, if they are.
+    pub forwarder: Option<Forwarder>,
     /// The connections open, at most `max-connections`.
     pub connections: Arc<Connections>,
 }
@@ -75,8 +81,8 @@ pub(super) struct Shared<S: Sandboxes> {
 pub(super) enum Routed<S: Sandboxes> {
     /// A service served here now.
     Here(Arc<Entry<S>>),
-    /// An HTTP service loaded but not served here now.
-    Elsewhere,
+    /// An HTTP service loaded but not served here now: its name.
+    Elsewhere(String),
     /// No route matches it.
     Nowhere,
 }
@@ -93,9 +99,10 @@ impl<S: Sandboxes> Shared<S> {
         let others = others.iter().map(|(name, route)| (route, name.as_str()));
         match pick_route(served.chain(others), path) {
             None => Routed::Nowhere,
-            Some(name) => routes
-                .get(name)
-                .map_or(Routed::Elsewhere, |e| Routed::Here(Arc::clone(e))),
+            Some(name) => routes.get(name).map_or_else(
+                || Routed::Elsewhere(name.to_owned()),
+                |e| Routed::Here(Arc::clone(e)),
+            ),
         }
     }
 

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http_body_util::{BodyExt as _, Full, Limited};
+use http_body_util::{BodyExt as _, Limited};
 use hyper::body::{Body as _, Bytes, Incoming};
 use hyper::header::{HeaderValue, RETRY_AFTER};
 use hyper::{Request, Response, StatusCode};
@@ -25,6 +25,7 @@ use wasmtime_wasi_http::{Error, WasiBody, WasiHttpView as _};
 
 use super::body;
 use super::concurrent::Concurrent;
+use super::forward::{self, FORWARDED_BY, Forwarded, Forwarder, Inbound, plain, unserved};
 use super::pool::{Instance, Pool};
 use super::routes::{Entry, Handler, Routed, Shared};
 use super::sandboxes::Sandboxes;
@@ -39,18 +40,7 @@ use crate::ops::RunningGuard;
 #[error("lease deadline passed before the response: connection aborted")]
 pub(super) struct Aborted;
 
-/// A response of the host's own (not the guest's), with a short text body.
-fn plain(status: StatusCode, text: &'static str) -> Response<HyperOutgoingBody> {
-    let mut response = Response::new(
-        Full::new(Bytes::from_static(text.as_bytes()))
-            .map_err(|never| match never {})
-            .boxed_unsync(),
-    );
-    *response.status_mut() = status;
-    response
-}
-
-/// 503 with `Retry-After: 1`: try again (the leader, or this host in a moment).
+/// 503 with `Retry-After: 1`: try again (this host in a moment).
 fn unavailable(text: &'static str) -> Response<HyperOutgoingBody> {
     let mut response = plain(StatusCode::SERVICE_UNAVAILABLE, text);
     response
@@ -64,16 +54,34 @@ fn timed_out() -> Response<HyperOutgoingBody> {
     plain(StatusCode::GATEWAY_TIMEOUT, "request timeout\n")
 }
 
-/// Serves `req`: the route's service's handler, or the host's 404 or 503.
+/// Serves `req` from `peer`: the route's service's handler, or its holder's answer (forwarded),
+/// or the host's 404 or 503.
 pub(super) async fn serve<S: Sandboxes>(
     shared: Arc<Shared<S>>,
-    mut req: Request<Incoming>,
-    client: Option<SocketAddr>,
+    req: Request<Incoming>,
+    peer: Option<SocketAddr>,
 ) -> Result<Response<HyperOutgoingBody>, Aborted> {
-    let entry = match shared.route(req.uri().path()) {
-        Routed::Here(entry) => entry,
-        Routed::Elsewhere => return Ok(unavailable("not served by this host now\n")),
+    let forwarded = req.headers().contains_key(FORWARDED_BY);
+    let client = match &shared.forwarder {
+        Some(forwarder) if forwarded => {
+            forward::client_of(req.headers(), peer, &forwarder.peers().borrow())
+        }
+        _ => peer,
+    };
+    let (entry, mut req) = match shared.route(req.uri().path()) {
+        Routed::Here(entry) => (entry, req.map(Inbound::Left)),
         Routed::Nowhere => return Ok(plain(StatusCode::NOT_FOUND, "no route\n")),
+        Routed::Elsewhere(_) if forwarded => {
+            // One hop: whoever sent it, it goes no further.
+            return Ok(unserved("not served by this host now\n"));
+        }
+        Routed::Elsewhere(_) => match &shared.forwarder {
+            None => return Ok(unserved("not served by this host now\n")),
+            Some(forwarder) => match elsewhere(&shared, forwarder, req, client).await {
+                Step::Here(entry, req) => (entry, req),
+                Step::Answer(response) => return Ok(response),
+            },
+        },
     };
     let uri = req.uri().clone();
     spin::set_headers(req.headers_mut(), &entry.route, &uri, client);
@@ -84,16 +92,116 @@ pub(super) async fn serve<S: Sandboxes>(
     answer
 }
 
+/// Where a request for a service not served here ends up.
+enum Step<S: Sandboxes> {
+    /// Served here after all: the service came here while it waited for a holder.
+    Here(Arc<Entry<S>>, Request<Inbound>),
+    /// The holder's answer, or the host's own.
+    Answer(Response<HyperOutgoingBody>),
+}
+
+/// How many times a request is sent on at most: a holder that has just claimed its service
+/// answers 503 until the service has started, a moment later.
+const MOST_SENDS: u32 = 4;
+
+/// Forwards `req` (from `client`) to the holder of its route's service; if that holder does
+/// not serve it (no guest code ran there) or cannot be reached, to the holder then (the same
+/// one a moment later, or the next), up to [`MOST_SENDS`] times, when the request can be sent
+/// again. A request whose service has no known holder waits for one (or for this host to
+/// serve it) within the forwarder's patience.
+async fn elsewhere<S: Sandboxes>(
+    shared: &Shared<S>,
+    forwarder: &Forwarder,
+    req: Request<Incoming>,
+    client: Option<SocketAddr>,
+) -> Step<S> {
+    let arrived = Instant::now();
+    let until = arrived + shared.sandboxes.limits().request_timeout;
+    let patience = (arrived + forwarder.patience()).min(until);
+    let path = req.uri().path().to_owned();
+    let mut peers = forwarder.peers();
+    let (mut req, mut outbound) = (Some(req), None);
+    // What the last holder asked said, and when to ask again.
+    let mut refused: Option<Response<HyperOutgoingBody>> = None;
+    let mut sends = 0;
+    loop {
+        let registered = shared.registered.notified();
+        tokio::pin!(registered);
+        registered.as_mut().enable();
+        let name = match shared.route(&path) {
+            Routed::Elsewhere(name) => name,
+            Routed::Here(entry) => {
+                let req = match (req.take(), outbound.take()) {
+                    (Some(req), _) => Some(req.map(Inbound::Left)),
+                    (None, Some(request)) => Forwarder::here(request),
+                    (None, None) => None,
+                };
+                return match req {
+                    Some(req) => Step::Here(entry, req),
+                    None => Step::Answer(unserved("moved to this host: try again\n")),
+                };
+            }
+            Routed::Nowhere => return Step::Answer(plain(StatusCode::NOT_FOUND, "no route\n")),
+        };
+        let holder = {
+            let peers = peers.borrow_and_update();
+            if peers.unreachable.contains(&name) {
+                // Held by a host this one cannot forward to: the client may find it.
+                let answer = refused.take();
+                return Step::Answer(
+                    answer.unwrap_or_else(|| unserved("not served by this host now\n")),
+                );
+            }
+            peers.holders.get(&name).cloned()
+        };
+        let mut backoff = None;
+        if let Some(peer) = holder {
+            let request = match (outbound.take(), req.take()) {
+                (Some(request), _) => request,
+                (None, Some(req)) => match forwarder.prepare(req, client, until).await {
+                    Ok(request) => request,
+                    Err(response) => return Step::Answer(response),
+                },
+                (None, None) => break,
+            };
+            sends += 1;
+            match forwarder
+                .send(&peer, request, until, shared.sandboxes.ops())
+                .await
+            {
+                Forwarded::Answered(response) => return Step::Answer(response),
+                Forwarded::Unserved { answer, .. } if sends >= MOST_SENDS => {
+                    return Step::Answer(answer);
+                }
+                Forwarded::Unserved { request, answer } => {
+                    outbound = Some(*request);
+                    refused = Some(answer);
+                    backoff = Some(Duration::from_millis(5 << sends));
+                }
+            }
+        }
+        // Placement looks again; the request waits for a holder, or a moment to ask again.
+        forwarder.ask();
+        tokio::select! {
+            changed = peers.changed() => if changed.is_err() { break },
+            () = registered => {}
+            () = tokio::time::sleep(backoff.unwrap_or_default()), if backoff.is_some() => {}
+            () = tokio::time::sleep_until(patience) => break,
+        }
+    }
+    Step::Answer(refused.unwrap_or_else(|| unserved("not served by this host now\n")))
+}
+
 /// Handles `req` for the service of `entry`: its handler's response, or the host's 413 or
 /// 503 (or 504, or 500 when the handler gave no response).
 async fn handle<S: Sandboxes>(
     shared: &Shared<S>,
     entry: Arc<Entry<S>>,
-    req: Request<Incoming>,
+    req: Request<Inbound>,
 ) -> Result<Response<HyperOutgoingBody>, Aborted> {
     // Admitted only under the lease: the term is the environment's, pinned from here on.
     if entry.env.deadline.has_passed() {
-        return Ok(unavailable("not leading\n"));
+        return Ok(unserved("not leading\n"));
     }
     let limits = shared.sandboxes.limits();
     let max_body = limits.max_body_bytes;
@@ -244,7 +352,7 @@ impl hyper::body::Body for Permitted {
 
 /// `body`, ending in an error once it has given more than `max` bytes (a body of unknown
 /// length, chunked): the guest's read fails rather than the host buffering on.
-fn limited(body: Incoming, max: u64) -> impl hyper::body::Body<Data = Bytes, Error = Error> {
+fn limited(body: Inbound, max: u64) -> impl hyper::body::Body<Data = Bytes, Error = Error> {
     Limited::new(body, usize::try_from(max).unwrap_or(usize::MAX)).map_err(|e| {
         match e.downcast::<hyper::Error>() {
             Ok(e) => Error::Hyper(*e),

@@ -3,6 +3,7 @@
 //! hand the surplus over.
 
 use std::collections::{BTreeSet, HashMap};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use crate::clock::Timestamp;
 use crate::keys::{ANNOUNCE_PREFIX, MEMBER_PREFIX, SERVICE_PREFIX};
 use crate::lease::{LocalLease, attempt_patience};
 use crate::lease_value;
+use crate::services::{Peer, Peers};
 
 use crate::store::{Record, Store, StoreError};
 
@@ -44,9 +46,12 @@ impl Member {
         }
     }
 
-    /// Our membership record's value now: our holder, and what we have loaded and refused.
+    /// Our membership record's value now: our holder, what we have loaded and refused, and
+    /// where the others reach our HTTP listener.
     fn membership_value(&mut self) -> String {
-        lease_value::candidate(&self.s.config.holder, &self.inventory.borrow_and_update())
+        let config = &self.s.config;
+        let inventory = self.inventory.borrow_and_update();
+        lease_value::candidate(&config.holder, &inventory, config.advertise)
     }
 
     /// Rewrites our membership record when what we have loaded changed since we wrote it
@@ -168,6 +173,7 @@ impl Member {
             return;
         };
         self.compare(&members);
+        self.direct(&members, &records);
         let names = self.s.services.names();
         let share = share_of(names.len(), &members, &records, self.holder());
         let running: Vec<String> = self
@@ -236,6 +242,65 @@ impl Member {
             self.log_running();
         }
     }
+}
+
+impl Member {
+    /// Tells the front door who holds the services held elsewhere, as the records say: a
+    /// claim's holder, at the address its membership advertises.
+    fn direct(&self, members: &[(String, Record)], claims: &[(String, Record)]) {
+        if let Some(directory) = &self.directory {
+            let ours = self.s.config.advertise;
+            directory.publish(peers(members, claims, self.holder(), ours));
+        }
+    }
+}
+
+/// The other members than `ours` and where they are reached, from the live `members` (an
+/// address like ours, `our_addr`, is a listener we share: no way to them), and who holds each
+/// service they claim, from the `claims` (`service/NAME`, valued by holder). A claim of a
+/// holder that is no member any more is left out: it is being handed over, or expiring.
+fn peers(
+    members: &[(String, Record)],
+    claims: &[(String, Record)],
+    ours: &str,
+    our_addr: Option<SocketAddr>,
+) -> Peers {
+    let addrs: HashMap<&str, Option<SocketAddr>> = members
+        .iter()
+        .map(|(_, r)| (lease_value::holder(&r.value), &r.value))
+        .filter(|(holder, _)| *holder != ours)
+        .map(|(holder, value)| {
+            let addr = lease_value::advertised(value).filter(|addr| Some(*addr) != our_addr);
+            (holder, addr)
+        })
+        .collect();
+    let mut peers = Peers {
+        members: addrs.values().flatten().copied().collect(),
+        ..Peers::default()
+    };
+    for (key, r) in claims {
+        let Some(name) = key.strip_prefix(SERVICE_PREFIX) else {
+            continue;
+        };
+        let holder = lease_value::holder(&r.value);
+        if holder == ours {
+            continue;
+        }
+        match addrs.get(holder) {
+            Some(Some(addr)) => {
+                let holder = holder.to_owned();
+                let addr = *addr;
+                peers.holders.insert(name.to_owned(), Peer { holder, addr });
+            }
+            Some(None) => {
+                peers.unreachable.insert(name.to_owned());
+            }
+            // Its host has left (or died): the claim is about to be handed over (or to
+            // expire), and a request waits for its next holder.
+            None => {}
+        }
+    }
+    peers
 }
 
 /// The value of our membership record `key` as it is now, if it is there and `holder`'s.

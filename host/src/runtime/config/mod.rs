@@ -10,7 +10,9 @@ use std::time::Duration;
 use crate::config::{
     self, ConfigError, GrantConfig, InstanceReuseConfig, KvLimitsConfig, OnFailure, Route, Settings,
 };
-use crate::interfaces::{HttpPolicy, IncomingLimits, KvLimits, OutgoingLimits, ServiceConfig};
+use crate::interfaces::{
+    Forwarding, HttpPolicy, IncomingLimits, KvLimits, OutgoingLimits, ServiceConfig,
+};
 use crate::sources::{RegistryOptions, SourceRef};
 
 /// Configuration of the Wasm runtime. `RuntimeConfig::new(dir)` gives the defaults.
@@ -104,6 +106,12 @@ impl RuntimeConfig {
         config.outgoing_http = OutgoingLimits::default().with(settings.outgoing_http);
         config.incoming_http =
             IncomingLimits::default().with(settings.http_addr, settings.incoming_http);
+        // Under spread placement, where the members say who holds each service. (A standby of a
+        // slot does not listen yet, so there is no one to forward from.)
+        let spread = settings.placement == crate::config::Placement::Spread;
+        config.incoming_http.forwarding = (settings.http_addr)
+            .filter(|_| settings.forward && spread)
+            .map(|http| Forwarding::new(settings.advertise_addr.unwrap_or(http), settings.lease));
         config.pooling = settings.http_addr.is_some();
         config.epoch_tick = epoch_tick(settings.lease);
         config.http_share_dir.clone_from(&settings.lock_dir);

@@ -330,6 +330,7 @@ impl Group {
         let config = SpreadConfig {
             lease: L,
             holder: holder.to_owned(),
+            advertise: None,
         };
         let stop = CancellationToken::new();
         let ops = Ops::new(Arc::clone(&clock));
