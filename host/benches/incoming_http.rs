@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use rustix::process::Signal;
 use testkit::guests;
 use testkit::host::Host;
+use testkit::load::{Load, which, wrk};
 
 const BIN: &str = env!("CARGO_BIN_EXE_vvm-host");
 
@@ -42,14 +43,6 @@ const TAKEOVERS: usize = 10;
 const FROZEN_TAKEOVERS: usize = 3;
 /// Clients asking during a takeover.
 const CLIENTS: usize = 4;
-
-/// What `wrk` measured.
-#[derive(Clone, Copy)]
-struct Load {
-    rps: f64,
-    p50_ms: f64,
-    p99_ms: f64,
-}
 
 fn main() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -148,15 +141,6 @@ fn free_addr() -> SocketAddr {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
-}
-
-/// `name` on PATH.
-fn which(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|path| {
-        std::env::split_paths(&path)
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
-    })
 }
 
 /// The wasmtime CLI to compare with, and its version line.
@@ -285,44 +269,6 @@ fn load_side_by_side(dir: &Path, hello: &Path, reuse: Option<u32>) {
         }
     }
     drop(host);
-}
-
-/// `wrk -t2 -c32 -d{duration} --latency url`, parsed.
-fn wrk(url: &str, duration: &str) -> Option<Load> {
-    let out = Command::new("wrk")
-        .args(["-t2", "-c32", &format!("-d{duration}"), "--latency", url])
-        .output()
-        .ok()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let field = |label: &str| -> Option<&str> {
-        text.lines()
-            .map(str::trim)
-            .find_map(|l| l.strip_prefix(label))
-            .map(str::trim)
-    };
-    if text.contains("Non-2xx") {
-        println!("{url}: answers other than 2xx:\n{text}");
-        return None;
-    }
-    Some(Load {
-        rps: field("Requests/sec:")?.parse().ok()?,
-        p50_ms: millis(field("50%")?)?,
-        p99_ms: millis(field("99%")?)?,
-    })
-}
-
-/// `wrk`'s `1.23ms`, `456.00us` or `1.02s`, in milliseconds.
-fn millis(text: &str) -> Option<f64> {
-    let (number, scale) = if let Some(n) = text.strip_suffix("us") {
-        (n, 0.001)
-    } else if let Some(n) = text.strip_suffix("ms") {
-        (n, 1.0)
-    } else if let Some(n) = text.strip_suffix('s') {
-        (n, 1000.0)
-    } else {
-        return None;
-    };
-    number.parse::<f64>().ok().map(|n| n * scale)
 }
 
 /// How one request of a takeover's clients ended.

@@ -211,12 +211,23 @@ async fn serve_spread(
     services: Arc<WasmServices>,
     shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
 ) {
+    let advertise = settings
+        .advertise_addr
+        .filter(|_| settings.http_addr.is_some());
+    if let Some(http_addr) = settings.http_addr {
+        if let Some(addr) = advertise {
+            tracing::info!(advertise_addr = %addr, forward = settings.forward,
+                "the other members forward requests for this host's services to it");
+        } else {
+            tracing::warn!(%http_addr, forward = settings.forward,
+                "no advertise-addr, and http-addr is no address to reach this host at: the \
+                 other members cannot forward requests for its services to it");
+        }
+    }
     let config = SpreadConfig {
         lease: settings.lease,
         holder: holder_value(),
-        advertise: settings
-            .advertise_addr
-            .filter(|_| settings.http_addr.is_some()),
+        advertise,
     };
     let stop = CancellationToken::new();
     let run = Spread::new(config, store, services, ops.clone()).run(stop.clone());

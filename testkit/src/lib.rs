@@ -4,6 +4,7 @@
 //! - [`etcd`]: a throw-away `etcd` process, or a 3-member cluster of them;
 //! - [`registry`]: a throw-away OCI registry (`docker-registry`), anonymous or htpasswd;
 //! - [`http`]: HTTP/1.1 servers, plain or TLS, that record the requests sent to them;
+//! - [`load`]: load from `wrk`, and what it measured;
 //! - [`host`]: a running `vvm-host` process and its JSON log lines;
 //! - [`guests`]: the guest components of `guest-examples/`, built once per test binary;
 //! - [`logs`]: the tracing events of the test process, captured;
@@ -29,6 +30,7 @@ pub mod etcd;
 pub mod guests;
 pub mod host;
 pub mod http;
+pub mod load;
 pub mod logs;
 pub mod registry;
 pub mod scratch;

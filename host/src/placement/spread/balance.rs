@@ -382,3 +382,73 @@ fn share_of(
         .collect();
     crate::placement::fair_share(services, &counts, holder)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::lease_value::Inventory;
+
+    fn record(value: &str) -> Record {
+        Record {
+            value: value.to_owned(),
+            term: 1,
+            time_left: Duration::from_secs(1),
+            lives_at_least: Duration::from_secs(1),
+        }
+    }
+
+    fn member(holder: &str, addr: Option<&str>) -> (String, Record) {
+        let addr = addr.map(|a| a.parse().unwrap());
+        let value = lease_value::candidate(holder, &Inventory::default(), addr);
+        (format!("{MEMBER_PREFIX}{holder}"), record(&value))
+    }
+
+    fn claim(name: &str, holder: &str) -> (String, Record) {
+        (format!("{SERVICE_PREFIX}{name}"), record(holder))
+    }
+
+    /// A claim is forwarded to its holder's advertised address; one of a member without an
+    /// address, or with ours (a shared listener), cannot be; one of a host that is no member
+    /// any more (leaving, or dead) is waited out; our own claims are not the peers'.
+    #[test]
+    fn the_directory_names_each_claim_s_holder_where_it_can_be_reached() {
+        let members = [
+            member("us", Some("10.0.0.1:8080")),
+            member("b", Some("10.0.0.2:8080")),
+            member("quiet", None),
+            member("twin", Some("10.0.0.1:8080")),
+        ];
+        let claims = [
+            claim("mine", "us"),
+            claim("on-b", "b"),
+            claim("on-quiet", "quiet"),
+            claim("on-twin", "twin"),
+            claim("on-gone", "gone"),
+        ];
+        let peers = peers(
+            &members,
+            &claims,
+            "us",
+            Some("10.0.0.1:8080".parse().unwrap()),
+        );
+        let b: SocketAddr = "10.0.0.2:8080".parse().unwrap();
+        assert_eq!(
+            peers.holders,
+            [(
+                "on-b".to_owned(),
+                Peer {
+                    holder: "b".to_owned(),
+                    addr: b
+                }
+            )]
+            .into()
+        );
+        assert_eq!(
+            peers.unreachable,
+            ["on-quiet".to_owned(), "on-twin".to_owned()].into()
+        );
+        assert_eq!(peers.members, [b].into());
+    }
+}
