@@ -11,15 +11,16 @@
 //! - **Planned moves cost no request.** A host's own 503 for a service it does not hold (or
 //!   no longer leads) carries [`UNSERVED`]: no guest code ran. A forwarding host that gets it,
 //!   or cannot connect to the holder at all (nothing was sent), asks placement to look again
-//!   ([`Directory::ask`]), waits for another holder and sends the request there once more.
+//!   ([`Directory::ask`]), waits for the holder of record and sends the request there again
+//!   (the same holder a moment later, if it has only just claimed the service; at most
+//!   `serve::MOST_SENDS` sends in all).
 //!   The request must be whole to be sent twice: a body of a known length up to
 //!   [`REPLAY_BYTES`] is read before the first send; a longer or chunked body is streamed,
 //!   and sent once.
 //! - **Bounded.** Keep-alive connections to each holder are pooled (hyper-util's client); a
-//!   connection must be made within `forward-connect-timeout`; the response head must come
-//!   within the request timeout, from the request's arrival; a holder that cannot be reached
-//!   is 503 with `Retry-After` (nothing was sent), one that fails after the request went out
-//!   502.
+//!   connection must be made within `L/5`; the response, head and body, must come within the
+//!   request timeout, from the request's arrival; a holder that cannot be reached is 503 with
+//!   `Retry-After` (nothing was sent), one that fails after the request went out 502.
 //! - **The client.** `Forwarded` and `X-Forwarded-For` name the original client; the holder
 //!   takes its address for Spin's `spin-client-addr` from [`CLIENT_ADDR`], but only from a
 //!   peer whose address a member of the group advertises.
@@ -255,11 +256,11 @@ impl Forwarder {
             },
             started.elapsed(),
         );
-        let answer = Response::from_parts(
-            parts,
-            body.map_err(wasmtime_wasi_http::Error::Hyper)
-                .boxed_unsync(),
-        );
+        let body = Until {
+            body,
+            at: Box::pin(tokio::time::sleep_until(until)),
+        };
+        let answer = Response::from_parts(parts, body.boxed_unsync());
         if unserved_there && replayable {
             Forwarded::Unserved {
                 request: Box::new(request),
@@ -268,6 +269,43 @@ impl Forwarder {
         } else {
             Forwarded::Answered(answer)
         }
+    }
+}
+
+/// A forwarded response's body, ended in an error at the request's deadline: the holder's own
+/// request timeout ends it first, unless the way to the holder is cut (a partition, a holder
+/// stopped), which no byte tells.
+struct Until {
+    body: Incoming,
+    at: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl hyper::body::Body for Until {
+    type Data = Bytes;
+    type Error = wasmtime_wasi_http::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        use std::task::Poll;
+        if let Poll::Ready(frame) = std::pin::Pin::new(&mut self.body).poll_frame(cx) {
+            return Poll::Ready(frame.map(|f| f.map_err(wasmtime_wasi_http::Error::Hyper)));
+        }
+        match self.at.as_mut().poll(cx) {
+            Poll::Ready(()) => {
+                Poll::Ready(Some(Err(wasmtime_wasi_http::Error::ConnectionReadTimeout)))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -380,7 +418,49 @@ pub(super) fn unserved(text: &'static str) -> Response<HyperOutgoingBody> {
 
 #[cfg(test)]
 mod tests {
+    use tokio::io::AsyncWriteExt as _;
+
     use super::*;
+
+    /// A holder that sent the head and part of the body, then nothing (a cut way, a stopped
+    /// host): the forwarded body ends in an error at the request's deadline, not never.
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_holder_s_body_ends_at_the_deadline() {
+        let (client, mut server) = tokio::io::duplex(1024);
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(client))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        let request = Request::new(Full::new(Bytes::new()));
+        let response = tokio::spawn(async move {
+            sender.ready().await?;
+            sender.send_request(request).await
+        });
+        let mut head = [0; 64];
+        let _ = tokio::io::AsyncReadExt::read(&mut server, &mut head)
+            .await
+            .unwrap();
+        server
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nab")
+            .await
+            .unwrap();
+        let head = response.await.unwrap().unwrap();
+        let until = Instant::now() + Duration::from_secs(30);
+        let mut body = Until {
+            body: head.into_body(),
+            at: Box::pin(tokio::time::sleep_until(until)),
+        };
+        let first = body.frame().await.unwrap().unwrap();
+        assert_eq!(first.into_data().unwrap(), "ab");
+        let end = body.frame().await.unwrap();
+        assert!(
+            matches!(end, Err(wasmtime_wasi_http::Error::ConnectionReadTimeout)),
+            "{end:?}"
+        );
+        assert!(Instant::now() >= until);
+        drop(server);
+    }
 
     /// The connection's own headers go, the ones `Connection` names too; the rest stay.
     #[test]

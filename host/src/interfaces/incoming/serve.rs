@@ -100,9 +100,12 @@ enum Step<S: Sandboxes> {
     Answer(Response<HyperOutgoingBody>),
 }
 
-/// How many times a request is sent on at most: a holder that has just claimed its service
-/// answers 503 until the service has started, a moment later.
-const MOST_SENDS: u32 = 4;
+/// How many times a request is sent on at most. A holder that no longer serves the service
+/// answers 503 until its claim is deleted (and the directory names the next holder), and one
+/// that has just claimed it until the service has started: a moment each. Between two sends
+/// to the same holder the request waits 10 ms, then 20, 40, 80 (150 ms in all), or until the
+/// directory changes.
+const MOST_SENDS: u32 = 5;
 
 /// Forwards `req` (from `client`) to the holder of its route's service; if that holder does
 /// not serve it (no guest code ran there) or cannot be reached, to the holder then (the same
@@ -121,7 +124,7 @@ async fn elsewhere<S: Sandboxes>(
     let path = req.uri().path().to_owned();
     let mut peers = forwarder.peers();
     let (mut req, mut outbound) = (Some(req), None);
-    // What the last holder asked said, and when to ask again.
+    // What the last holder asked answered: passed on if no holder serves the request.
     let mut refused: Option<Response<HyperOutgoingBody>> = None;
     let mut sends = 0;
     loop {
