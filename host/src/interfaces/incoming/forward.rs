@@ -59,6 +59,11 @@ pub(super) const UNSERVED: HeaderName = HeaderName::from_static("vvm-unserved");
 /// to another holder.
 pub(super) const REPLAY_BYTES: u64 = 64 << 10;
 
+/// How long a connection to a holder waits idle for its next request: under the holder's
+/// `keep-alive-timeout` by default (30 s), so that it is seldom the holder that closes it as a
+/// request goes out on it (a request that may be repeated is then sent again; another is 502).
+const POOL_IDLE: Duration = Duration::from_secs(20);
+
 /// A request body as a service here reads it: the client's, or one read whole to be forwarded
 /// (the service came here meanwhile).
 pub(super) type Inbound = http_body_util::Either<Incoming, Full<Bytes>>;
@@ -115,7 +120,7 @@ impl Forwarder {
         connector.set_nodelay(true);
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(30))
+            .pool_idle_timeout(POOL_IDLE)
             .build(connector);
         let by = HeaderValue::from_str(&by.to_string()).unwrap_or(HeaderValue::from_static("-"));
         Self {
