@@ -411,13 +411,18 @@ pub(super) fn plain(status: StatusCode, text: &'static str) -> Response<HyperOut
     response
 }
 
-/// 503 with `Retry-After: 1` and [`UNSERVED`]: this host does not serve the service now, and
-/// no guest code ran.
-pub(super) fn unserved(text: &'static str) -> Response<HyperOutgoingBody> {
+/// 503 with `Retry-After: 1`: try again (this host in a moment).
+pub(super) fn unavailable(text: &'static str) -> Response<HyperOutgoingBody> {
     let mut response = plain(StatusCode::SERVICE_UNAVAILABLE, text);
-    let headers = response.headers_mut();
-    headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    headers.insert(UNSERVED, HeaderValue::from_static("1"));
+    (response.headers_mut()).insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+}
+
+/// [`unavailable`], with [`UNSERVED`]: this host does not serve the service now, and no guest
+/// code ran.
+pub(super) fn unserved(text: &'static str) -> Response<HyperOutgoingBody> {
+    let mut response = unavailable(text);
+    (response.headers_mut()).insert(UNSERVED, HeaderValue::from_static("1"));
     response
 }
 

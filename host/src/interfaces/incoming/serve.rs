@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use http_body_util::{BodyExt as _, Limited};
 use hyper::body::{Body as _, Bytes, Incoming};
-use hyper::header::{HeaderValue, RETRY_AFTER};
+use hyper::header::HeaderValue;
 use hyper::{Request, Response, StatusCode};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::sync::oneshot::error::RecvError;
@@ -25,7 +25,9 @@ use wasmtime_wasi_http::{Error, WasiBody, WasiHttpView as _};
 
 use super::body;
 use super::concurrent::Concurrent;
-use super::forward::{self, FORWARDED_BY, Forwarded, Forwarder, Inbound, plain, unserved};
+use super::forward::{
+    self, FORWARDED_BY, Forwarded, Forwarder, Inbound, plain, unavailable, unserved,
+};
 use super::pool::{Instance, Pool};
 use super::routes::{Entry, Handler, Routed, Shared};
 use super::sandboxes::Sandboxes;
@@ -39,15 +41,6 @@ use crate::ops::RunningGuard;
 #[derive(Debug, thiserror::Error)]
 #[error("lease deadline passed before the response: connection aborted")]
 pub(super) struct Aborted;
-
-/// 503 with `Retry-After: 1`: try again (this host in a moment).
-fn unavailable(text: &'static str) -> Response<HyperOutgoingBody> {
-    let mut response = plain(StatusCode::SERVICE_UNAVAILABLE, text);
-    response
-        .headers_mut()
-        .insert(RETRY_AFTER, HeaderValue::from_static("1"));
-    response
-}
 
 /// 504: the request timeout passed before the handler's response head.
 fn timed_out() -> Response<HyperOutgoingBody> {
